@@ -1,0 +1,239 @@
+"""kmlc's Python API; the CLI is a thin layer over it.
+
+``compile`` runs frontend -> passes -> planner -> codegen and writes OUTDIR
+atomically: everything is produced in a temporary sibling directory that
+replaces OUTDIR only once complete, so a failure never leaves a half-written
+OUTDIR (and never deletes a directory kmlc did not create).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import __version__
+from .errors import KmlcError
+from .passes import banner, run_pipeline
+from .schedule import Program
+
+TARGETS = ("kernel", "user", "kunit")
+NUMERICS = ("float",)
+RESERVED_NAMES = {"kml_types", "kml_math", "kml_fpu", "kml_user_fpu"}
+DEFAULT_MAX_WEIGHT_BYTES = 1 << 20      # 1 MiB of static const data in the module
+DEFAULT_MAX_WORKSPACE_BYTES = 64 << 10  # 64 KiB the caller must provide per call
+DEFAULT_GOLDEN_COUNT = 64
+
+
+@dataclass
+class CompileResult:
+    outdir: Path
+    program: Program
+    manifest: dict
+
+
+def _model_bytes(model) -> tuple[bytes, str]:
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        return model.SerializeToString(), "<in-memory model>"
+    p = Path(model)
+    return (p.read_bytes() if p.is_file() else b""), p.name
+
+
+def check_name(name: str) -> str:
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", name) or name in RESERVED_NAMES:
+        raise KmlcError(f"model name '{name}' is not usable: use 1-40 lowercase letters, digits "
+                        "and '_', starting with a letter (and not a kml_* runtime header name)")
+    return name
+
+
+def normalize_targets(targets) -> list[str]:
+    if isinstance(targets, str):
+        targets = [targets]
+    out: list[str] = []
+    for t in targets:
+        for part in str(t).split(","):
+            part = part.strip()
+            if part == "all":
+                out.extend(TARGETS)
+            elif part in TARGETS:
+                out.append(part)
+            else:
+                raise KmlcError(f"unknown target '{part}'; choose from kernel, user, kunit, all")
+    return [t for t in TARGETS if t in out]
+
+
+def golden_inputs(in_elems: int, count: int, seed: int, data: np.ndarray | None) -> np.ndarray:
+    """Golden input rows: the first ``count`` rows of ``data`` when given;
+    otherwise seeded normal noise at scales from 0.01 to 1000, so vectors
+    reach the saturating branches of exp/sigmoid/tanh too."""
+    if data is not None:
+        return np.ascontiguousarray(data[:count], dtype=np.float32)
+    rng = np.random.default_rng(seed)
+    scales = np.array([1.0, 0.01, 10.0, 100.0, 1000.0, 3.0], dtype=np.float64)
+    rows = rng.standard_normal((count, in_elems)) * scales[np.arange(count) % len(scales), None]
+    rows[0] = 0.0
+    return rows.astype(np.float32)
+
+
+def check_budget(prog: Program, max_weight_bytes: int, max_workspace_bytes: int) -> None:
+    if prog.plan.weight_bytes > max_weight_bytes:
+        big = max(prog.buffers("const"), key=lambda b: b.nbytes)
+        raise KmlcError(f"model '{prog.name}' needs {prog.plan.weight_bytes} B of weights, over "
+                        f"the kernel budget of {max_weight_bytes} B (largest: '{big.value}', "
+                        f"{big.nbytes} B); raise it with --max-weight-bytes")
+    if prog.plan.workspace_bytes > max_workspace_bytes:
+        big = max(prog.buffers("temp"), key=lambda b: b.nbytes)
+        raise KmlcError(f"model '{prog.name}' needs a {prog.plan.workspace_bytes} B workspace, "
+                        f"over the kernel budget of {max_workspace_bytes} B (largest buffer: "
+                        f"'{big.value}', {big.nbytes} B); raise it with --max-workspace-bytes")
+
+
+def lower_model(model, *, name: str | None = None, numerics: str = "float",
+                print_after: Callable[[str, str], None] | None = None) -> Program:
+    """Frontend and passes: an ONNX model (path or ModelProto) to a planned
+    program."""
+    from .frontends import onnx as onnx_frontend
+
+    if numerics not in NUMERICS:
+        raise KmlcError(f"--numerics {numerics} is not available in this kmlc "
+                        f"(available: {', '.join(NUMERICS)})")
+    graph = onnx_frontend.load(model, name=check_name(name) if name else None)
+    check_name(graph.name)
+    return run_pipeline(graph, numerics, print_after)
+
+
+def compile(model, outdir, *, targets="all", name: str | None = None, numerics: str = "float",
+            print_after: Callable[[str, str], None] | None = None,
+            golden_data: np.ndarray | None = None, golden_count: int = DEFAULT_GOLDEN_COUNT,
+            seed: int = 0, max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+            max_workspace_bytes: int = DEFAULT_MAX_WORKSPACE_BYTES,
+            cc: str | None = None) -> CompileResult:
+    """Compile ``model`` (an ONNX path or ModelProto) into ``outdir``."""
+    from .codegen import emit
+    from .targets import user
+
+    targets = normalize_targets(targets)
+    outdir = Path(outdir)
+    _check_outdir(outdir)
+    prog = lower_model(model, name=name, numerics=numerics, print_after=print_after)
+    check_budget(prog, max_weight_bytes, max_workspace_bytes)
+    raw, source = _model_bytes(model)
+    sha = hashlib.sha256(raw).hexdigest()
+    render = lambda ts, goldens=None: emit.render(  # noqa: E731
+        prog, ts, source=source, sha256=sha, user_cflags=" ".join(user.CFLAGS), goldens=goldens)
+
+    outdir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.kmlc-", dir=outdir.parent))
+    try:
+        # The twin comes first: KUnit's golden outputs are its results.
+        twin_dir = tmp / ("user" if "user" in targets else ".twin")
+        _write(twin_dir, {rel.split("/", 1)[1]: text for rel, text in render(["user"]).items()})
+        so = user.build_twin(twin_dir, prog.name, cc=cc)
+        (tmp / "kmlc.json").write_text(json.dumps(_manifest(prog, targets, source, sha)))
+        goldens = None
+        if "kunit" in targets:
+            if golden_data is not None:
+                golden_data = _check_rows(golden_data, prog.in_elems, "golden data")
+            xs = golden_inputs(prog.in_elems, golden_count, seed, golden_data)
+            goldens = (xs, user.Twin(tmp, so=so).run(xs))
+        _write(tmp, render(targets, goldens))
+        if "user" not in targets:
+            shutil.rmtree(twin_dir)
+        manifest = _manifest(prog, targets, source, sha, goldens)
+        (tmp / "kmlc.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / "report.txt").write_text(_report(prog))
+        _replace(tmp, outdir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return CompileResult(outdir, prog, manifest)
+
+
+def load(outdir):
+    """Open a compiled model's userspace twin (``kmlc.targets.user.Twin``)."""
+    from .targets.user import Twin
+
+    return Twin(outdir)
+
+
+# --------------------------------------------------------------------------
+
+def _check_rows(x: np.ndarray, in_elems: int, what: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[1] != in_elems or x.shape[0] == 0:
+        raise KmlcError(f"{what} has shape {tuple(x.shape)}; expected (N, {in_elems}) rows")
+    if not np.issubdtype(x.dtype, np.floating) or not np.all(np.isfinite(x)):
+        raise KmlcError(f"{what} must hold finite floating-point values")
+    return x.astype(np.float32)
+
+
+def _check_outdir(outdir: Path) -> None:
+    if outdir.exists() and not outdir.is_dir():
+        raise KmlcError("exists and is not a directory", where=str(outdir))
+    if outdir.is_dir() and any(outdir.iterdir()) and not (outdir / "kmlc.json").is_file():
+        raise KmlcError("exists, is not empty and is not a kmlc output directory; refusing to "
+                        "replace it", where=str(outdir))
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    from . import runtime_kernel, runtime_user
+
+    dirs = set()
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        dirs.add(p.parent)
+    for d in dirs:  # each target directory builds on its own: give it the runtime
+        for h in sorted(runtime_kernel.DIR.glob("*.h")):
+            shutil.copyfile(h, d / h.name)
+        if d.name in ("user", ".twin"):
+            for h in sorted(runtime_user.DIR.glob("*.h")):
+                shutil.copyfile(h, d / h.name)
+
+
+def _replace(tmp: Path, outdir: Path) -> None:
+    if outdir.exists():
+        _check_outdir(outdir)
+        old = outdir.with_name(f".{outdir.name}.kmlc-old")
+        shutil.rmtree(old, ignore_errors=True)
+        outdir.rename(old)
+        tmp.rename(outdir)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(outdir)
+
+
+def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> dict:
+    port = lambda p: {"name": p.name, "shape": list(p.type.shape),  # noqa: E731
+                      "dtype": p.type.dtype.name, "offset": p.buffer.offset,
+                      "elems": p.buffer.numel}
+    return {
+        "kmlc_version": __version__,
+        "name": prog.name,
+        "module": f"kml_{prog.name}",
+        "numerics": prog.numerics,
+        "targets": list(targets),
+        "source": {"file": source, "sha256": sha},
+        "inputs": [port(p) for p in prog.inputs],
+        "outputs": [port(p) for p in prog.outputs],
+        "in_elems": prog.in_elems,
+        "out_elems": prog.out_elems,
+        "workspace_bytes": prog.plan.workspace_bytes,
+        "weight_bytes": prog.plan.weight_bytes,
+        "peak_live_bytes": prog.plan.peak_bytes,
+        "kernels": len(prog.kernels),
+        "golden_vectors": 0 if goldens is None else int(len(goldens[0])),
+    }
+
+
+def _report(prog: Program) -> str:
+    return "\n".join([banner("lower"), str(prog), "", banner("plan-memory"), str(prog.plan), ""])

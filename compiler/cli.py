@@ -1,0 +1,179 @@
+"""The ``kmlc`` command line (Click).
+
+Every failure a user can cause is a ``KmlcError``, printed as one line
+``kmlc: error: ...`` with exit status 1.  Anything else is a kmlc bug: it is
+reported as an internal error with exit status 2, and KMLC_DEBUG=1 shows
+the traceback.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from . import __version__
+from .errors import KmlcError
+
+
+def _load_npy(path: str, what: str) -> np.ndarray:
+    p = Path(path)
+    if not p.is_file():
+        raise KmlcError("no such file", where=path)
+    try:
+        return np.load(p, allow_pickle=False)
+    except Exception as e:
+        raise KmlcError(f"cannot read {what} as .npy ({e})", where=path) from None
+
+
+def _print_stage(stage: str, text: str, err: bool = True) -> None:
+    from .passes import banner
+
+    click.echo(banner(stage), err=err)
+    click.echo(text + "\n", err=err)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kmlc")
+def cli():
+    """kmlc compiles small ONNX models into Linux kernel modules, userspace
+    twins and KUnit suites that agree bit for bit."""
+
+
+@cli.command("compile")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--outdir", required=True, type=click.Path(file_okay=False),
+              help="Output directory (replaced atomically; must be new, empty or kmlc's).")
+@click.option("--target", "targets", multiple=True, default=["all"], show_default=True,
+              help="kernel, user, kunit or all; repeat or comma-separate.")
+@click.option("--name", help="Model name (C identifier); default: the file name.")
+@click.option("--numerics", default="float", show_default=True, type=click.Choice(["float"]),
+              help="float: f32 in an FPU section.")
+@click.option("--print-after-all", is_flag=True, help="Print the IR after every pass (stderr).")
+@click.option("--golden-data", type=click.Path(dir_okay=False),
+              help="Rows (N, in_elems) .npy to use as KUnit golden inputs.")
+@click.option("--golden-count", default=64, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--seed", default=0, show_default=True, help="Seed for random golden inputs.")
+@click.option("--max-weight-bytes", default=1 << 20, show_default=True, type=int)
+@click.option("--max-workspace-bytes", default=64 << 10, show_default=True, type=int)
+def compile_cmd(model, outdir, targets, name, numerics, print_after_all, golden_data,
+                golden_count, seed, max_weight_bytes, max_workspace_bytes):
+    """Compile MODEL (.onnx) into OUTDIR: kernel/, user/, kunit/."""
+    from .api import compile as kcompile
+
+    data = _load_npy(golden_data, "golden data") if golden_data else None
+    r = kcompile(model, outdir, targets=targets, name=name, numerics=numerics,
+                 print_after=_print_stage if print_after_all else None, golden_data=data,
+                 golden_count=golden_count, seed=seed, max_weight_bytes=max_weight_bytes,
+                 max_workspace_bytes=max_workspace_bytes)
+    m = r.manifest
+    click.echo(f"kmlc: compiled {m['name']} ({m['numerics']}): {m['in_elems']} -> "
+               f"{m['out_elems']} values, {m['kernels']} kernels, weights {m['weight_bytes']} B, "
+               f"workspace {m['workspace_bytes']} B -> {outdir}/ [{', '.join(m['targets'])}]")
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--name", help="Model name; default: the file name.")
+def inspect(model, name):
+    """Print MODEL's IR after every pass, its schedule and its memory plan."""
+    from .api import lower_model
+
+    lower_model(model, name=name, print_after=lambda s, t: _print_stage(s, t, err=False))
+
+
+@cli.command()
+@click.argument("outdir", type=click.Path(file_okay=False))
+@click.option("--kdir", type=click.Path(file_okay=False),
+              help="Kernel build directory (default: running kernel's, else installed headers).")
+@click.option("--llvm", is_flag=True, help="Build with LLVM=1 (clang).")
+def build(outdir, kdir, llvm):
+    """Build OUTDIR/kernel into a .ko with W=1; any warning fails."""
+    from .targets.kernel import build_module, find_kdir
+
+    ko = build_module(Path(outdir) / "kernel", kdir=kdir, llvm=llvm)
+    click.echo(f"kmlc: built {ko} against {find_kdir(kdir)} (W=1, 0 warnings)")
+
+
+@cli.command()
+@click.argument("outdir", type=click.Path(file_okay=False))
+@click.option("--input", "input_", required=True, type=click.Path(dir_okay=False),
+              help="float32 .npy of shape (N, in_elems).")
+@click.option("--output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write float32 (N, out_elems).")
+def run(outdir, input_, output):
+    """Run the twin in OUTDIR on every row of --input."""
+    from .api import load
+
+    twin = load(outdir)
+    x = _load_npy(input_, "input")
+    if x.ndim != 2 or x.shape[1] != twin.in_elems:
+        raise KmlcError(f"has shape {tuple(x.shape)}; {twin.name} takes rows of "
+                        f"{twin.in_elems} values: shape (N, {twin.in_elems})", where=input_)
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        raise KmlcError(f"has dtype {x.dtype}; expected float32", where=input_)
+    y = twin.run(x.astype(np.float32))
+    np.save(output, y)
+    click.echo(f"kmlc: {x.shape[0]} rows -> {output} {tuple(y.shape)}")
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--data", type=click.Path(dir_okay=False),
+              help="Input rows (N, in_elems) .npy; default: random normal rows.")
+@click.option("--samples", default=1000, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True)
+@click.option("--atol", default=1e-5, show_default=True)
+@click.option("--rtol", default=1e-5, show_default=True)
+def verify(model, data, samples, seed, atol, rtol):
+    """Compare MODEL's twin with onnxruntime; fails past the tolerance."""
+    from .verify import verify_model
+
+    x = _load_npy(data, "data") if data else None
+    rep = verify_model(model, data=x, samples=samples, seed=seed, atol=atol, rtol=rtol)
+    click.echo(rep.text())
+    if not rep.ok:
+        raise KmlcError(f"twin and onnxruntime differ beyond atol={atol:g} + rtol={rtol:g}*|ref|")
+
+
+@cli.command()
+@click.argument("outdirs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--arch", default="um", show_default=True, type=click.Choice(["um", "x86_64"]))
+@click.option("--jobs", type=int, help="Parallel build jobs (default: all cores).")
+def kunit(outdirs, arch, jobs):
+    """Run the KUnit suites of one or more compiled models."""
+    from .targets.kunit import run as run_kunit
+
+    res = run_kunit([Path(d) for d in outdirs], arch=arch, jobs=jobs)
+    if not res["ok"]:
+        raise KmlcError(f"KUnit ({arch}) failed: {res['summary']}")
+
+
+def main(argv=None) -> int:
+    try:
+        cli.main(args=argv, prog_name="kmlc", standalone_mode=False)
+        return 0
+    except KmlcError as e:
+        click.echo(f"kmlc: error: {e}", err=True)
+        return 1
+    except click.exceptions.Abort:
+        click.echo("kmlc: aborted", err=True)
+        return 130
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except Exception as e:  # a bug in kmlc
+        if os.environ.get("KMLC_DEBUG"):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        click.echo(f"kmlc: internal error: {type(e).__name__}: {first} (this is a kmlc bug; "
+                   "set KMLC_DEBUG=1 for a traceback)", err=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

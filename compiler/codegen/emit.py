@@ -1,0 +1,269 @@
+"""Codegen: renders a planned ``schedule.Program`` into C and build files.
+
+Everything here is presentation.  Buffer offsets, loop orders, strides,
+weight layouts and names were all decided by the passes and the planner;
+the helpers below only spell them as C (index expressions, float literals,
+activation calls, loop nests) for the Jinja2 templates in ``templates/``.
+"""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import jinja2
+import numpy as np
+
+from .. import __version__
+from ..schedule import Buffer, Kernel, Program
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+LINE = 90  # wrap initializers before checkpatch's 100 columns
+
+
+def cfloat(v) -> str:
+    """A C float literal that reads back as exactly ``np.float32(v)``."""
+    f = np.float32(v)
+    if not np.isfinite(f):
+        raise ValueError(f"non-finite constant {f}")
+    s = str(f)  # numpy prints the shortest text that round-trips to this f32
+    if "e" not in s and "." not in s:
+        s += ".0"
+    return s + "f"
+
+
+def cint(v) -> str:
+    return str(int(v))
+
+
+def idx(terms, zero=()) -> str:
+    """An index expression ``i * 15 + j`` from (loop variable, stride) terms;
+    variables in ``zero`` are fixed at 0 and drop out."""
+    parts = [v if s == 1 else f"{v} * {s}" for v, s in terms if s != 0 and v not in zero]
+    return " + ".join(parts) or "0"
+
+
+def at(role: str, buf: Buffer, terms, zero=()) -> str:
+    """How a kernel spells element ``terms`` of operand ``role``."""
+    if buf.kind == "const" and buf.data.ndim == 2:
+        live = [(v, s) for v, s in terms if s != 0]
+        (rv, rs), (cv, cs) = live
+        assert rs == buf.data.shape[1] and cs == 1, (buf.name, terms)
+        return f"{buf.name}[{'0' if rv in zero else rv}][{'0' if cv in zero else cv}]"
+    return f"{buf.name if buf.kind == 'const' else role}[{idx(terms, zero)}]"
+
+
+def act_call(act: str, params: dict, e: str) -> str:
+    if act == "none":
+        return e
+    if act == "leaky_relu":
+        return f"kml_leaky_reluf({e}, {cfloat(params['alpha'])})"
+    if act == "clip":
+        return f"kml_clipf({e}, {cfloat(params['min'])}, {cfloat(params['max'])})"
+    return f"kml_{act}f({e})"
+
+
+def nest(body: str, loops, depth: int = 1) -> str:
+    """Wrap ``body`` (C statements, tab-indented relative to 0) in ``for``
+    loops over ``loops`` = [(var, extent)], kernel style: braces only around
+    bodies of more than one line."""
+    lines = body.strip("\n").split("\n")
+    for var, extent in reversed(list(loops)):
+        head = f"for ({var} = 0; {var} < {extent}; {var}++)"
+        if len(lines) == 1:
+            lines = [head, "\t" + lines[0]]
+        else:
+            lines = [head + " {"] + ["\t" + ln if ln else ln for ln in lines] + ["}"]
+    return "\n".join("\t" * depth + ln if ln else ln for ln in lines)
+
+
+def width(line: str) -> int:
+    return len(line.expandtabs(8))
+
+
+def cwrap(line: str, limit: int = 100) -> str:
+    """Break a long one-line C declaration or call after its commas, with
+    continuation lines aligned to the open parenthesis (kernel style)."""
+    if width(line) <= limit or "(" not in line:
+        return line
+    head, args = line.split("(", 1)
+    col = width(head) + 1
+    pad = "\t" * (col // 8) + " " * (col % 8)
+    out, cur = [], head + "("
+    for i, part in enumerate(args.split(", ")):
+        piece = part if i == 0 else " " + part
+        if i and width(cur + "," + piece) > limit:
+            out.append(cur + ",")
+            cur = pad + part
+        else:
+            cur = cur + ("," if i else "") + piece
+    return "\n".join(out + [cur])
+
+
+def params(k: Kernel) -> str:
+    """The kernel function's parameters: its runtime operands, by role."""
+    out = []
+    for role, b in k.operands.items():
+        if b.kind == "const":
+            continue
+        out.append(f"float *restrict {role}" if role == "y" else f"const float *restrict {role}")
+    return ", ".join(out)
+
+
+def arg(b: Buffer) -> str:
+    """How ``forward`` passes buffer ``b`` to a kernel."""
+    base = {"input": "in", "output": "out", "temp": b.name}[b.kind]
+    return f"{base} + {b.offset}" if b.kind in ("input", "output") and b.offset else base
+
+
+def matmul_view(k: Kernel) -> dict:
+    """Spellings of A(i,k), B(k,j), C(i,j), Y(i,j) for the matmul template."""
+    p, ops = k.params, k.operands
+    batch = [(f"p{d}", e, st) for d, (e, st) in enumerate(p["batch"])]
+    outer = [(v, e) for v, e, _ in batch] + ([("i", p["m"])] if p["m"] > 1 else [])
+    zero = set() if p["m"] > 1 else {"i"}
+    if p["n"] == 1:
+        zero.add("j")
+    bt = lambda i: [(v, st[i]) for v, _, st in batch]  # noqa: E731
+    a_terms = bt(0) + [("i", p["a"][0]), ("k", p["a"][1])]
+    b_terms = bt(1) + [("k", p["b"][0]), ("j", p["b"][1])]
+    y_terms = bt(2) + [("i", p["n"]), ("j", 1)]
+    v = {
+        "outer": outer,
+        "cols": [] if p["n"] == 1 else [("j", p["n"])],
+        "A0": at("a", ops["a"], a_terms, zero | {"k"}),
+        "B0": at("b", ops["b"], b_terms, zero | {"k"}),
+        "A": at("a", ops["a"], a_terms, zero),
+        "B": at("b", ops["b"], b_terms, zero),
+        "Y": at("y", ops["y"], y_terms, zero),
+        "vars": [x for x, _ in outer] + (["j"] if p["n"] > 1 else [])
+        + (["k"] if p["k"] > 1 else []),
+    }
+    c = None
+    if "c" in ops:
+        c = at("c", ops["c"], [("i", p["c"][0]), ("j", p["c"][1])], zero)
+
+    def epilogue(e: str) -> str:
+        if p["alpha"] is not None:
+            e = f"{cfloat(p['alpha'])} * {e}"
+        if c is not None:
+            e = f"{e} + {cfloat(p['beta'])} * {c}" if p["beta"] is not None else f"{e} + {c}"
+        return act_call(p["act"], p["act_params"], e)
+
+    v["epilogue"] = epilogue
+    name = lambda r: ops[r].name if ops[r].kind == "const" else r  # noqa: E731
+    e = f"{name('a')} @ {name('b')}"
+    if p["alpha"] is not None:
+        e = f"{cfloat(p['alpha'])} * {e}"
+    if c is not None:
+        e += f" + {cfloat(p['beta'])} * {name('c')}" if p["beta"] is not None else f" + {name('c')}"
+    e = e if p["act"] == "none" else f"{p['act']}({e})"
+    v["summary"] = (f"y = {e}, for a {p['m']}x{p['k']}, y {p['m']}x{p['n']}"
+                    + (f" ({len(p['batch'])} batch loops)" if p["batch"] else "")
+                    + ";\n * each sum runs over k = 0, 1, ... in order")
+    v["has_epilogue"] = c is not None or p["alpha"] is not None or p["act"] != "none"
+    return v
+
+
+def loops_zero(p: dict) -> set[str]:
+    """Softmax/argmax loop variables that have no loop (extent 1)."""
+    return ({"o"} if p["outer"] == 1 else set()) | ({"q"} if p["inner"] == 1 else set())
+
+
+def loop_vars(dims, prefix: str = "i") -> list[str]:
+    return [prefix] if len(dims) == 1 else [f"{prefix}{d}" for d in range(len(dims))]
+
+
+def initializer(data: np.ndarray, indent: int = 1) -> str:
+    """Lines of a C initializer for ``data`` (1-D or 2-D), wrapped."""
+    pad = "\t" * indent
+    if data.ndim == 1:
+        text = ", ".join(cfloat(x) for x in data) + ","
+        return "\n".join(pad + ln for ln in textwrap.wrap(text, LINE - 8 * indent))
+    rows = []
+    for row in data:
+        text = ", ".join(cfloat(x) for x in row)
+        parts = textwrap.wrap(text, LINE - 8 * (indent + 1))
+        if len(parts) == 1:
+            rows.append(f"{pad}{{ {parts[0]} }},")
+        else:
+            rows.append(pad + "{")
+            rows.extend(pad + "\t" + ln for ln in parts)
+            rows.append(pad + "},")
+    return "\n".join(rows)
+
+
+def u32_hex(values: np.ndarray) -> list[str]:
+    return [f"0x{int(u):08x}" for u in np.asarray(values, np.float32).view(np.uint32).reshape(-1)]
+
+
+def wrap_list(items: list[str], indent: int) -> str:
+    pad = "\t" * indent
+    text = ", ".join(items) + ","
+    return "\n".join(pad + ln for ln in textwrap.wrap(text, LINE - 8 * indent))
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters.update(nest=nest, cfloat=cfloat, wrap_list=wrap_list, cwrap=cwrap)
+    env.globals.update(cfloat=cfloat, idx=idx, at=at, act_call=act_call, params=params,
+                       arg=arg, matmul_view=matmul_view, loop_vars=loop_vars, loops_zero=loops_zero,
+                       initializer=initializer, u32_hex=u32_hex, version=__version__,
+                       zip=zip, enumerate=enumerate)
+    return env
+
+
+# --------------------------------------------------------------------------
+# Files per target
+# --------------------------------------------------------------------------
+
+def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
+    name = prog.name
+    return {
+        "prog": prog, "name": name, "NAME": name.upper(), "module": f"kml_{name}",
+        "source": source, "sha256": sha256, "plan": prog.plan,
+        "temps": sorted(prog.buffers("temp"), key=lambda b: b.offset),
+        "consts": prog.buffers("const"),
+        "live": {r.name: (r.start, r.end) for r in prog.plan.requests},
+        "user_cflags": user_cflags,
+    }
+
+
+def model_sources(env, ctx) -> dict[str, str]:
+    """The model itself: the same files go into every target."""
+    n = ctx["name"]
+    return {
+        f"{n}.h": env.get_template("model.h.j2").render(ctx),
+        f"{n}.c": env.get_template("model.c.j2").render(ctx),
+        f"{n}_fp.c": env.get_template("model_fp.c.j2").render(ctx),
+    }
+
+
+def render(prog: Program, targets: list[str], *, source: str, sha256: str,
+           user_cflags: str, goldens: tuple[np.ndarray, np.ndarray] | None = None
+           ) -> dict[str, str]:
+    """All generated text files, keyed by path relative to OUTDIR."""
+    env = environment()
+    ctx = context(prog, source, sha256, user_cflags)
+    n = ctx["name"]
+    model = model_sources(env, ctx)
+    files: dict[str, str] = {}
+    if "kernel" in targets:
+        files.update({f"kernel/{k}": v for k, v in model.items()})
+        files["kernel/Kbuild"] = env.get_template("Kbuild.j2").render(ctx)
+        files["kernel/Makefile"] = env.get_template("Makefile.kernel.j2").render(ctx)
+        files[f"kernel/{n}_mod.c"] = env.get_template("module.c.j2").render(ctx)
+    if "user" in targets:
+        files.update({f"user/{k}": v for k, v in model.items()})
+        files["user/Makefile"] = env.get_template("Makefile.user.j2").render(ctx)
+        files[f"user/{n}_twin.c"] = env.get_template("twin.c.j2").render(ctx)
+    if "kunit" in targets:
+        assert goldens is not None
+        files.update({f"kunit/{k}": v for k, v in model.items()})
+        kctx = dict(ctx, goldens=list(zip(*goldens)))
+        files["kunit/Kconfig"] = env.get_template("Kconfig.j2").render(kctx)
+        files["kunit/Makefile"] = env.get_template("Makefile.kunit.j2").render(kctx)
+        files["kunit/.kunitconfig"] = env.get_template("kunitconfig.j2").render(kctx)
+        files[f"kunit/{n}_kunit.c"] = env.get_template("kunit_test.c.j2").render(kctx)
+    return files

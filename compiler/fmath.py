@@ -1,0 +1,159 @@
+"""Bit-exact Python mirror of the float32 numerics kmlc generates.
+
+Every function here computes, in numpy float32, exactly the operations the
+generated C performs, in the same order: ``runtime-kernel/kml_math.h`` for the
+elementwise functions and the kernel templates for reductions (a matmul sums
+``k = 0, 1, ..., K-1`` one product at a time; softmax sums along its axis in
+index order).  numpy's float32 ``+ - * /`` are IEEE-754 operations rounded to
+nearest even, like the C built with ``-ffp-contract=off``, so the results are
+the same bits.  tests/unit/test_fmath.py holds this mirror to the C.
+
+The IR evaluator (``kmlc.ops``) uses these functions, so constant folding
+computes what the module would, and tests can check any pass bit for bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+f32 = np.float32
+
+
+def _c(s: str) -> np.float32:
+    """A C float literal's value (decimal rounded once to binary32)."""
+    return np.float32(s)
+
+
+EXP_HI = _c("88.7228317")
+EXP_LO = _c("-103.972084")
+LOG2E = _c("1.44269504")
+LN2_HI = _c("0.693359375")
+LN2_LO = _c("-2.12194440e-4")
+EXP_P = [_c(s) for s in ("1.9875691500e-4", "1.3981999507e-3", "8.3334519073e-3",
+                         "4.1665795894e-2", "1.6666665459e-1", "5.0000001201e-1")]
+TANH_P = [_c(s) for s in ("-5.70498872745e-3", "2.06390887954e-2", "-5.37397155531e-2",
+                          "1.33314422036e-1", "-3.33332819422e-1")]
+FLT_MAX = np.finfo(np.float32).max
+
+
+def _pow2(n: np.ndarray) -> np.ndarray:
+    return ((n + 127).astype(np.uint32) << np.uint32(23)).view(np.float32)
+
+
+@np.errstate(all="ignore")
+def expf(x) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    out = np.zeros_like(x)
+    nan, big = np.isnan(x), x > EXP_HI
+    out[nan] = x[nan]
+    out[big] = np.inf
+    mid = ~nan & ~big & ~(x < EXP_LO)
+    xm = x[mid]
+    t = xm * LOG2E
+    n = np.where(t >= f32(0), t + f32(0.5), t - f32(0.5)).astype(np.int32)  # truncates, like C
+    fn = n.astype(np.float32)
+    r = xm - fn * LN2_HI
+    r = r - fn * LN2_LO
+    z = r * r
+    p = np.full_like(r, EXP_P[0])
+    for c in EXP_P[1:]:
+        p = p * r + c
+    p = p * z + r + f32(1)
+    n1 = (np.abs(n) // 2) * np.sign(n)  # C division truncates toward zero
+    out[mid] = p * _pow2(n1) * _pow2(n - n1)
+    return out
+
+
+@np.errstate(all="ignore")
+def sigmoidf(x) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    pos = x >= f32(0)
+    e = expf(np.where(pos, -x, x))
+    return np.where(pos, f32(1) / (f32(1) + e), e / (f32(1) + e)).astype(np.float32)
+
+
+@np.errstate(all="ignore")
+def tanhf(x) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    ax = np.where(x < f32(0), -x, x)
+    small = ax < f32(0.625)
+    z = x * x
+    p = np.full_like(x, TANH_P[0])
+    for c in TANH_P[1:]:
+        p = p * z + c
+    poly = p * z * x + x
+    big = f32(1) - f32(2) / (expf(ax + ax) + f32(1))
+    big = np.where(x < f32(0), -big, big)
+    return np.where(small, poly, big).astype(np.float32)
+
+
+def reluf(x) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    return np.where(x < f32(0), f32(0), x)
+
+
+@np.errstate(all="ignore")
+def leaky_reluf(x, alpha) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    return np.where(x < f32(0), f32(alpha) * x, x)
+
+
+def clipf(x, lo, hi) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    x = np.where(x < f32(lo), f32(lo), x)
+    return np.where(x > f32(hi), f32(hi), x)
+
+
+def activation(x, act: str, params: dict) -> np.ndarray:
+    """The activations a dense kernel can fuse, by name (see ``ACTIVATIONS``)."""
+    if act == "none":
+        return np.asarray(x, dtype=np.float32)
+    if act == "relu":
+        return reluf(x)
+    if act == "leaky_relu":
+        return leaky_reluf(x, params["alpha"])
+    if act == "sigmoid":
+        return sigmoidf(x)
+    if act == "tanh":
+        return tanhf(x)
+    if act == "clip":
+        return clipf(x, params["min"], params["max"])
+    raise ValueError(f"unknown activation {act}")
+
+
+ACTIVATIONS = ("relu", "leaky_relu", "sigmoid", "tanh", "clip")
+
+
+def matmul_seq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a[..., M, K] @ b[..., K, N] with each output summed k = 0..K-1."""
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    acc = a[..., :, 0:1] * b[..., 0:1, :]
+    for k in range(1, a.shape[-1]):
+        acc = acc + a[..., :, k:k + 1] * b[..., k:k + 1, :]
+    return acc.astype(np.float32)
+
+
+@np.errstate(all="ignore")
+def softmaxf(x: np.ndarray, axis: int) -> np.ndarray:
+    x = np.moveaxis(np.asarray(x, dtype=np.float32), axis, -1)
+    m = x[..., 0]
+    for j in range(1, x.shape[-1]):
+        m = np.where(x[..., j] > m, x[..., j], m)
+    e = expf(x - m[..., None])
+    s = e[..., 0]
+    for j in range(1, x.shape[-1]):
+        s = s + e[..., j]
+    y = e / s[..., None]
+    return np.moveaxis(y.astype(np.float32), -1, axis)
+
+
+def argmax(x: np.ndarray, axis: int, last: bool) -> np.ndarray:
+    """Index of the first (or last) maximum, found by a scan like the C."""
+    x = np.moveaxis(np.asarray(x), axis, -1)
+    best = x[..., 0]
+    idx = np.zeros(best.shape, dtype=np.int64)
+    for j in range(1, x.shape[-1]):
+        better = (x[..., j] >= best) if last else (x[..., j] > best)
+        best = np.where(better, x[..., j], best)
+        idx = np.where(better, j, idx)
+    return idx

@@ -1,0 +1,321 @@
+"""The IR's op set: a type rule and a reference evaluator for every op kind.
+
+The type rule (``infer``) gives an op's result types from its operand types
+and attributes; the verifier checks every op against it.  The evaluator
+(``evaluate``) computes the op in numpy with exactly the float32 operations
+and order of the generated C (see ``kmlc.fmath``).  Constant folding uses the
+evaluator, so a folded constant has the bits the module would compute, and
+``interpret`` runs a whole graph, which is how tests check that a pass
+preserves a graph's meaning bit for bit.
+
+Op kinds and their semantics (shapes are static; all float math is f32):
+
+  add, sub, mul, div (a, b)        elementwise with numpy broadcasting
+  relu, sigmoid, tanh (x)          elementwise, kml_math.h
+  leaky_relu (x) {alpha}           x < 0 ? alpha * x : x
+  clip (x) {min, max}              min(max(x, min), max)
+  softmax (x) {axis}               exp(x - max) / sum, summed in index order
+  argmax (x) {axis, keepdims, select_last_index} -> i64
+  reshape (x) {shape}              same elements, new static shape
+  matmul (a, b)                    numpy matmul (1-D operands promoted)
+  gemm (a, b, [c]) {alpha, beta, transA, transB}
+                                   alpha * op(a) @ op(b) + beta * c
+  dense (x, w, [b]) {alpha, act, act_params, shape}
+                                   act(alpha * x2d @ w + b) with x2d = x
+                                   viewed as [M, K], w [K, N], b [N] or
+                                   [M, N]; result reshaped to ``shape``.
+                                   alpha is omitted when it is 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import fmath
+from .ir import F32, I64, Graph, IRError, TensorType, Value
+
+
+@dataclass(frozen=True)
+class OpDef:
+    kind: str
+    infer: Callable[[list[TensorType], dict], list[TensorType]]
+    evaluate: Callable[[list[np.ndarray], dict], list[np.ndarray]]
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def infer_types(kind: str, types: list[TensorType], attrs: dict) -> list[TensorType]:
+    if kind not in OPS:
+        raise IRError(f"unknown op kind {kind!r}")
+    return OPS[kind].infer(types, attrs)
+
+
+def evaluate(kind: str, arrays: list[np.ndarray], attrs: dict) -> list[np.ndarray]:
+    with np.errstate(all="ignore"):
+        return OPS[kind].evaluate(arrays, attrs)
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _f32_only(types: list[TensorType]) -> None:
+    for t in types:
+        _need(t.dtype == F32, f"operand type {t} is not f32")
+
+
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ValueError(f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
+
+
+# ---- elementwise ----------------------------------------------------------
+
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+
+
+def _binary_infer(types, attrs):
+    _need(len(types) == 2, "takes 2 operands")
+    _f32_only(types)
+    return [TensorType(F32, broadcast_shape(types[0].shape, types[1].shape))]
+
+
+def _binary_eval_for(kind):
+    return lambda xs, attrs: [_BINARY[kind](xs[0], xs[1]).astype(np.float32)]
+
+
+for _k in _BINARY:
+    OPS[_k] = OpDef(_k, _binary_infer, _binary_eval_for(_k))
+
+
+def _unary_infer(types, attrs):
+    _need(len(types) == 1, "takes 1 operand")
+    _f32_only(types)
+    return [types[0]]
+
+
+def _activation_eval_for(kind):
+    return lambda xs, attrs: [fmath.activation(xs[0], kind, attrs)]
+
+
+for _k in fmath.ACTIVATIONS:
+    OPS[_k] = OpDef(_k, _unary_infer, _activation_eval_for(_k))
+
+
+# ---- compile-time only ---------------------------------------------------------
+# Float math exporters apply to constants.  These kinds have evaluators but
+# no kernels: fold_constants must remove them, and lowering rejects any that
+# compute on runtime data.  Exact IEEE operations (sqrt, reciprocal, neg,
+# abs, max, min, transpose) are computed in f32; exp, log and pow in f64 and
+# rounded once to f32, so a folded constant does not depend on numpy's
+# SIMD code paths.
+
+def _f64(fn):
+    return lambda *xs: fn(*(np.asarray(x, np.float64) for x in xs)).astype(np.float32)
+
+
+FOLD_ONLY_UNARY = {"abs": np.abs, "neg": np.negative, "sqrt": np.sqrt,
+                   "reciprocal": lambda x: np.float32(1) / x,
+                   "exp": _f64(np.exp), "log": _f64(np.log)}
+FOLD_ONLY_BINARY = {"pow": _f64(np.power), "max": np.maximum, "min": np.minimum}
+
+
+def _fold_unary_for(fn):
+    return lambda xs, attrs: [np.asarray(fn(xs[0]), dtype=np.float32)]
+
+
+def _fold_binary_for(fn):
+    return lambda xs, attrs: [np.asarray(fn(xs[0], xs[1]), dtype=np.float32)]
+
+
+for _k, _fn in FOLD_ONLY_UNARY.items():
+    OPS[_k] = OpDef(_k, _unary_infer, _fold_unary_for(_fn))
+for _k, _fn in FOLD_ONLY_BINARY.items():
+    OPS[_k] = OpDef(_k, _binary_infer, _fold_binary_for(_fn))
+
+
+def _transpose_infer(types, attrs):
+    _need(len(types) == 1, "takes 1 operand")
+    perm = list(attrs["perm"])
+    _need(sorted(perm) == list(range(len(types[0].shape))), f"bad perm {perm}")
+    return [TensorType(types[0].dtype, tuple(types[0].shape[p] for p in perm))]
+
+
+OPS["transpose"] = OpDef("transpose", _transpose_infer,
+                         lambda xs, attrs: [np.ascontiguousarray(np.transpose(xs[0], attrs["perm"]))])
+FOLD_ONLY = set(FOLD_ONLY_UNARY) | set(FOLD_ONLY_BINARY) | {"transpose"}
+
+
+# ---- reductions -----------------------------------------------------------
+
+def _axis(attrs: dict, rank: int) -> int:
+    axis = attrs["axis"]
+    _need(-rank <= axis < rank, f"axis {axis} out of range for rank {rank}")
+    return axis % rank
+
+
+def _softmax_infer(types, attrs):
+    out = _unary_infer(types, attrs)
+    _axis(attrs, len(types[0].shape))
+    return out
+
+
+OPS["softmax"] = OpDef("softmax", _softmax_infer,
+                       lambda xs, attrs: [fmath.softmaxf(xs[0], _axis(attrs, xs[0].ndim))])
+
+
+def _argmax_infer(types, attrs):
+    _need(len(types) == 1, "takes 1 operand")
+    _f32_only(types)
+    shape = list(types[0].shape)
+    axis = _axis(attrs, len(shape))
+    if attrs["keepdims"]:
+        shape[axis] = 1
+    else:
+        del shape[axis]
+    return [TensorType(I64, tuple(shape))]
+
+
+def _argmax_eval(xs, attrs):
+    axis = _axis(attrs, xs[0].ndim)
+    idx = fmath.argmax(xs[0], axis, bool(attrs["select_last_index"]))
+    return [np.expand_dims(idx, axis) if attrs["keepdims"] else idx]
+
+
+OPS["argmax"] = OpDef("argmax", _argmax_infer, _argmax_eval)
+
+
+# ---- shape ----------------------------------------------------------------
+
+def _reshape_infer(types, attrs):
+    _need(len(types) == 1, "takes 1 operand")
+    shape = tuple(attrs["shape"])
+    out = TensorType(types[0].dtype, shape)
+    _need(out.numel == types[0].numel, f"cannot reshape {types[0]} to {list(shape)}")
+    return [out]
+
+
+OPS["reshape"] = OpDef("reshape", _reshape_infer,
+                       lambda xs, attrs: [xs[0].reshape(attrs["shape"])])
+
+
+# ---- matrix products --------------------------------------------------------
+
+def matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    _need(len(a) >= 1 and len(b) >= 1, "matmul operands must have rank >= 1")
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    _need(a2[-1] == b2[-2], f"matmul inner dimensions differ: {a} @ {b}")
+    out = broadcast_shape(a2[:-2], b2[:-2]) + (a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+def _matmul_infer(types, attrs):
+    _need(len(types) == 2, "takes 2 operands")
+    _f32_only(types)
+    return [TensorType(F32, matmul_shape(types[0].shape, types[1].shape))]
+
+
+def _matmul_eval(xs, attrs):
+    a, b = xs
+    out_shape = matmul_shape(a.shape, b.shape)
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    return [fmath.matmul_seq(a2, b2).reshape(out_shape)]
+
+
+OPS["matmul"] = OpDef("matmul", _matmul_infer, _matmul_eval)
+
+
+def _gemm_mn(types, attrs):
+    a, b = types[0].shape, types[1].shape
+    _need(len(a) == 2 and len(b) == 2, "gemm operands A and B must be 2-D")
+    m, k = a[::-1] if attrs["transA"] else a
+    k2, n = b[::-1] if attrs["transB"] else b
+    _need(k == k2, f"gemm inner dimensions differ: {a} and {b} with transA={attrs['transA']}, "
+          f"transB={attrs['transB']}")
+    if len(types) == 3:
+        _need(broadcast_shape(types[2].shape, (m, n)) == (m, n),
+              "gemm C does not broadcast to [M, N]")
+    return m, n
+
+
+def _gemm_infer(types, attrs):
+    _need(len(types) in (2, 3), "takes 2 or 3 operands")
+    _f32_only(types)
+    m, n = _gemm_mn(types, attrs)
+    return [TensorType(F32, (m, n))]
+
+
+def _gemm_eval(xs, attrs):
+    a = xs[0].T if attrs["transA"] else xs[0]
+    b = xs[1].T if attrs["transB"] else xs[1]
+    y = fmath.matmul_seq(a, b)
+    alpha, beta = np.float32(attrs["alpha"]), np.float32(attrs["beta"])
+    if alpha != 1:
+        y = alpha * y
+    if len(xs) == 3:
+        y = y + (beta * xs[2] if beta != 1 else xs[2])
+    return [y.astype(np.float32)]
+
+
+OPS["gemm"] = OpDef("gemm", _gemm_infer, _gemm_eval)
+
+
+def _dense_infer(types, attrs):
+    _need(len(types) in (2, 3), "takes 2 or 3 operands")
+    _f32_only(types)
+    x, w = types[0], types[1]
+    _need(len(w.shape) == 2, "dense weight must be 2-D [K, N]")
+    k, n = w.shape
+    _need(len(x.shape) >= 1 and x.shape[-1] == k, f"dense input {x} does not end in K={k}")
+    m = x.numel // k
+    if len(types) == 3:
+        _need(types[2].shape in ((n,), (m, n)), f"dense bias {types[2]} is not [{n}] or [{m},{n}]")
+    out = TensorType(F32, tuple(attrs["shape"]))
+    _need(out.numel == m * n, f"dense result {out} does not hold {m}x{n} values")
+    _need(attrs["act"] == "none" or attrs["act"] in fmath.ACTIVATIONS, f"unknown act {attrs['act']}")
+    return [out]
+
+
+def _dense_eval(xs, attrs):
+    w = xs[1]
+    x = xs[0].reshape(-1, w.shape[0])
+    y = fmath.matmul_seq(x, w)
+    if "alpha" in attrs:
+        y = np.float32(attrs["alpha"]) * y
+    if len(xs) == 3:
+        y = y + xs[2]
+    y = fmath.activation(y, attrs["act"], attrs.get("act_params", {}))
+    return [y.reshape(attrs["shape"])]
+
+
+OPS["dense"] = OpDef("dense", _dense_infer, _dense_eval)
+
+
+# ---- whole graphs -------------------------------------------------------------
+
+def interpret(g: Graph, *inputs: np.ndarray) -> list[np.ndarray]:
+    """Run ``g`` on numpy inputs with the reference evaluator."""
+    env: dict[Value, np.ndarray] = {}
+    for v, x in zip(g.inputs, inputs, strict=True):
+        env[v] = np.asarray(x, dtype=v.type.dtype.np).reshape(v.type.shape)
+
+    def get(v: Value) -> np.ndarray:
+        return v.data if v.is_const else env[v]
+
+    for op in g.ops:
+        outs = evaluate(op.kind, [get(v) for v in op.inputs], op.attrs)
+        for v, y in zip(op.outputs, outs, strict=True):
+            env[v] = np.asarray(y, dtype=v.type.dtype.np).reshape(v.type.shape)
+    return [get(v) for v in g.outputs]

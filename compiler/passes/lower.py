@@ -1,0 +1,219 @@
+"""Lowering: graph IR to a schedule of kernel calls over buffers.
+
+Guarantees:
+  * every op becomes exactly one kernel call, except ``reshape``, which
+    becomes a view: its result shares its operand's buffer;
+  * every graph output is written by the kernel that produces it, directly
+    into the caller's ``out`` array; a ``copy`` kernel is added only when an
+    output is a graph input, a constant, or the same buffer as an earlier
+    output;
+  * all loop parameters (extents, strides, loop order) are final, so codegen
+    only prints them: extent-1 dims are dropped, and neighbouring dims that
+    are contiguous in every operand are merged into one loop;
+  * no kernel writes a buffer it also reads, so templates may accumulate in
+    their output;
+  * every C identifier is unique within the model and prefixed by its role
+    (``w_`` constants, ``t_`` workspace buffers, ``k<i>_`` kernel functions),
+    so none can collide with C keywords, kernel macros or template locals.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import KmlcError
+from ..ir import F32, Graph, Value, c_identifier, fresh_namer
+from ..schedule import Buffer, Kernel, Port, Program
+
+C_RESERVED = {
+    # C keywords
+    "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else",
+    "enum", "extern", "float", "for", "goto", "if", "inline", "int", "long", "register",
+    "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch",
+    "typedef", "union", "unsigned", "void", "volatile", "while",
+    # names the templates use for parameters and locals
+    "in", "out", "workspace", "ws", "ret", "a", "b", "c", "x", "y", "i", "j", "k", "o", "q",
+    "acc", "m", "s", "best", "v", "e",
+}
+
+
+def contiguous_strides(shape) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+def broadcast_strides(shape, out_shape) -> list[int]:
+    """Element strides that read ``shape`` broadcast to ``out_shape``."""
+    s = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    cs = contiguous_strides(s)
+    return [0 if s[d] == 1 else cs[d] for d in range(len(out_shape))]
+
+
+def coalesce(extents, *strides) -> list[tuple[int, tuple[int, ...]]]:
+    """Loop dims as (extent, per-operand strides), extent-1 dims dropped and
+    dims merged where every operand walks them as one contiguous run."""
+    dims = [(e, tuple(s[d] for s in strides)) for d, e in enumerate(extents) if e != 1]
+    merged: list[tuple[int, tuple[int, ...]]] = []
+    for e, st in dims:
+        if merged:
+            pe, pst = merged[-1]
+            if all(p == c * e for p, c in zip(pst, st)):
+                merged[-1] = (pe * e, st)
+                continue
+        merged.append((e, st))
+    return merged
+
+
+class _Lowering:
+    def __init__(self, g: Graph, numerics: str):
+        self.g = g
+        self.numerics = numerics
+        self.cname = fresh_namer(taken=C_RESERVED)
+        self.buf: dict[Value, Buffer] = {}
+        self.consts: dict[tuple, Buffer] = {}
+        self.kernels: list[Kernel] = []
+
+    def const(self, v: Value, shape=None) -> Buffer:
+        shape = tuple(shape or (v.type.numel,))
+        key = (v, shape)
+        if key not in self.consts:
+            data = np.ascontiguousarray(v.data, dtype=np.float32).reshape(shape)
+            self.consts[key] = Buffer(self.cname(f"w_{v.name}"), F32, data.size,
+                                      "const", data, value=v.name)
+        return self.consts[key]
+
+    def operand(self, v: Value) -> Buffer:
+        return self.const(v) if v.is_const else self.buf[v]
+
+    def result(self, v: Value, outputs: dict[Value, Buffer]) -> Buffer:
+        b = outputs.get(v) or Buffer(self.cname(f"t_{v.name}"), F32, v.type.numel, "temp",
+                                     value=v.name)
+        self.buf[v] = b
+        return b
+
+    def kernel(self, kind, op, operands, **params) -> None:
+        tag = c_identifier(op.origin[0] if op.origin else op.kind, "op").lower()[:32]
+        fn = self.cname(f"k{len(self.kernels)}_{tag}".rstrip("_"))
+        self.kernels.append(Kernel(kind, fn, operands, params, op.origin))
+
+    # -- per op kind ------------------------------------------------------------
+
+    def matmul(self, op, y):
+        kind = op.kind
+        x, w = op.inputs[:2]
+        c = op.inputs[2] if len(op.inputs) == 3 else None
+        p = dict(batch=[], alpha=None, beta=None, act="none", act_params={})
+        if kind == "dense":
+            k, n = w.type.shape
+            m = x.type.numel // k
+            ops = {"a": self.operand(x), "b": self.const(w, (k, n)) if w.is_const else self.buf[w]}
+            p.update(a=(k, 1), b=(n, 1), c=None, act=op.attrs["act"],
+                     act_params=op.attrs.get("act_params", {}), alpha=op.attrs.get("alpha"))
+            if c is not None:
+                ops["c"] = self.operand(c)
+                p["c"] = (0, 1) if c.type.shape == (n,) else (n, 1)
+        elif kind == "gemm":
+            m, n = op.output.type.shape
+            ta, tb = op.attrs["transA"], op.attrs["transB"]
+            k = x.type.shape[0] if ta else x.type.shape[1]
+            ops = {"a": self.operand(x), "b": self.operand(w)}
+            p.update(a=(1, m) if ta else (k, 1), b=(1, k) if tb else (n, 1), c=None,
+                     alpha=op.attrs["alpha"] if op.attrs["alpha"] != 1.0 else None)
+            if c is not None:
+                ops["c"] = self.operand(c)
+                p["c"] = tuple(broadcast_strides(c.type.shape, (m, n)))
+                p["beta"] = op.attrs["beta"] if op.attrs["beta"] != 1.0 else None
+        else:  # matmul, numpy semantics
+            sa, sb = x.type.shape, w.type.shape
+            a2 = (1,) + sa if len(sa) == 1 else sa
+            b2 = sb + (1,) if len(sb) == 1 else sb
+            m, k, n = a2[-2], a2[-1], b2[-1]
+            batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+            sa_b = broadcast_strides(a2[:-2], batch)
+            sb_b = broadcast_strides(b2[:-2], batch)
+            sy_b = contiguous_strides(batch)
+            p["batch"] = coalesce(batch, [s * m * k for s in sa_b], [s * k * n for s in sb_b],
+                                  [s * m * n for s in sy_b])
+            ops = {"a": self.operand(x), "b": self.operand(w)}
+            p.update(a=(k, 1), b=(n, 1), c=None)
+        ops["y"] = y
+        order = "kn" if p["b"][1] == 1 and n >= 4 else "dot"
+        self.kernel("matmul", op, ops, m=m, n=n, k=k, order=order, **p)
+
+    def binary(self, op, y):
+        a, b = op.inputs
+        shape = op.output.type.shape
+        dims = coalesce(shape, broadcast_strides(a.type.shape, shape),
+                        broadcast_strides(b.type.shape, shape), contiguous_strides(shape))
+        sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op.kind]
+        self.kernel("binary", op, {"a": self.operand(a), "b": self.operand(b), "y": y},
+                    sym=sym, dims=dims)
+
+    def axis_split(self, shape, axis):
+        axis %= len(shape)
+        return (int(np.prod(shape[:axis], dtype=np.int64)), shape[axis],
+                int(np.prod(shape[axis + 1:], dtype=np.int64)))
+
+    def run(self) -> Program:
+        g = self.g
+        producers = g.producers()
+
+        def root(v: Value) -> Value:
+            while v in producers and producers[v].kind == "reshape":
+                v = producers[v].inputs[0]
+            return v
+
+        inputs, off = [], 0
+        for v in g.inputs:
+            b = Buffer(self.cname(v.name), F32, v.type.numel, "input", offset=off, value=v.name)
+            self.buf[v] = b
+            inputs.append(Port(g.source_name(v), v.type, b))
+            off += v.type.numel
+
+        outputs, direct, copies, off = [], {}, [], 0
+        for v in g.outputs:
+            r = root(v)
+            b = Buffer(self.cname(f"out_{v.name}"), F32, v.type.numel, "output", offset=off,
+                       value=v.name)
+            if r in g.inputs or r.is_const or r in direct:
+                copies.append((r, b))
+            else:
+                direct[r] = b
+            outputs.append(Port(g.source_name(v), v.type, b))
+            off += v.type.numel
+
+        for op in g.ops:
+            if op.kind == "reshape":
+                src = op.inputs[0]
+                self.buf[op.output] = self.const(src) if src.is_const else self.buf[src]
+                continue
+            y = self.result(op.output, direct)
+            x = op.inputs[0]
+            if op.kind in ("dense", "gemm", "matmul"):
+                self.matmul(op, y)
+            elif op.kind in ("add", "sub", "mul", "div"):
+                self.binary(op, y)
+            elif op.kind in ("relu", "leaky_relu", "sigmoid", "tanh", "clip"):
+                self.kernel("map", op, {"x": self.operand(x), "y": y}, n=x.type.numel,
+                            act=op.kind, act_params=dict(op.attrs))
+            elif op.kind in ("softmax", "argmax"):
+                outer, n, inner = self.axis_split(x.type.shape, op.attrs["axis"])
+                extra = {"last": op.attrs["select_last_index"]} if op.kind == "argmax" else {}
+                self.kernel(op.kind, op, {"x": self.operand(x), "y": y}, outer=outer, n=n,
+                            inner=inner, **extra)
+            else:
+                raise KmlcError(f"node '{', '.join(op.origin)}' ({op.kind}) computes on runtime "
+                                f"data; kmlc evaluates {op.kind} only at compile time, when all "
+                                "its inputs are constants")
+
+        for r, b in copies:
+            src = self.const(r) if r.is_const else self.buf[r]
+            self.kernels.append(Kernel("copy", self.cname(f"k{len(self.kernels)}_copy_{b.value}"),
+                                       {"x": src, "y": b}, {"n": b.numel}, ("output copy",)))
+        return Program(g.name, self.numerics, inputs, outputs, self.kernels)
+
+
+def lower(g: Graph, numerics: str = "float") -> Program:
+    return _Lowering(g, numerics).run()

@@ -1,0 +1,80 @@
+"""Kernel target: builds the generated module with Kbuild.
+
+``find_kdir`` picks the kernel build directory: the one given, else the
+running kernel's ``/lib/modules/$(uname -r)/build``, else the newest
+``/usr/src/linux-headers-*`` tree Debian's ``linux-headers-amd64`` installed.
+``build_module`` runs ``make M=... W=1 modules`` there and treats any
+compiler warning as a failure: generated code must build cleanly.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from ..errors import KmlcError
+
+HEADERS_GLOB = "linux-headers-*"
+
+
+def _version_key(p: Path):
+    return [int(x) if x.isdigit() else x for x in re.split(r"[.-]", p.name)]
+
+
+def find_kdir(kdir: str | os.PathLike | None = None) -> Path:
+    if kdir:
+        k = Path(kdir)
+        if not (k / "Makefile").is_file():
+            raise KmlcError("not a kernel build directory (no Makefile)", where=str(k))
+        return k
+    running = Path("/lib/modules") / os.uname().release / "build"
+    if (running / "Makefile").is_file():
+        return running
+    cands = [p for p in Path("/usr/src").glob(HEADERS_GLOB)
+             if (p / "Makefile").is_file() and (p / "Module.symvers").is_file()]
+    if not cands:
+        raise KmlcError(f"no kernel build directory: {running} does not exist and no "
+                        "/usr/src/linux-headers-* tree is installed; install linux-headers-amd64 "
+                        "(the README's setup does) or pass --kdir")
+    return max(cands, key=_version_key)
+
+
+def make_command(kdir: Path, moddir: Path, *, llvm: bool = False, jobs: int | None = None):
+    if not shutil.which("make"):
+        raise KmlcError("make is not installed; run the README's setup command")
+    cmd = ["make", "-C", str(kdir), f"M={moddir.resolve()}", "W=1",
+           f"-j{jobs or os.cpu_count() or 1}"]
+    if llvm:
+        cmd.append("LLVM=1")
+    return cmd
+
+
+def build_module(moddir: Path, *, kdir=None, llvm: bool = False) -> Path:
+    """Build the module in ``moddir`` (OUTDIR/kernel); returns the .ko path."""
+    moddir = Path(moddir)
+    if not (moddir / "Kbuild").is_file():
+        raise KmlcError("no Kbuild here; compile with --target kernel (or all)",
+                        where=str(moddir))
+    k = find_kdir(kdir)
+    res = subprocess.run(make_command(k, moddir, llvm=llvm) + ["modules"],
+                         capture_output=True, text=True)
+    log = res.stdout + res.stderr
+    (moddir / "build.log").write_text(log)
+    warnings = [ln for ln in log.splitlines() if "warning:" in ln]
+    if res.returncode != 0:
+        errors = [ln for ln in log.splitlines() if "error" in ln.lower()] or log.splitlines()
+        raise KmlcError(f"module build against {k} failed:\n" + "\n".join(errors[-15:]))
+    if warnings:
+        raise KmlcError(f"module build against {k} gave {len(warnings)} warning(s) "
+                        "(a kmlc bug; please report):\n" + "\n".join(warnings[:15]))
+    kos = sorted(moddir.glob("*.ko"))
+    if not kos:
+        raise KmlcError("module build produced no .ko", where=str(moddir))
+    return kos[0]
+
+
+def undefined_symbols(ko: Path) -> list[str]:
+    res = subprocess.run(["nm", "-u", str(ko)], capture_output=True, text=True, check=True)
+    return sorted({ln.split()[-1] for ln in res.stdout.splitlines() if ln.strip()})

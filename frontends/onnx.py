@@ -1,0 +1,518 @@
+"""ONNX frontend: an ONNX model (file or ModelProto) to kmlc graph IR.
+
+What it guarantees about the graph it returns:
+  * every value has a static type; a symbolic (or absent) leading dimension
+    of a graph input is bound to 1, which means one sample per call;
+  * the shapes agree with ONNX's own shape inference wherever ONNX knows
+    them (a disagreement is a kmlc bug and is reported as one);
+  * shape computations (Shape, Gather, Concat, ... on constants) have been
+    evaluated, so no op in the graph works on shapes;
+  * every op is one of ``kmlc.ops``; ONNX nodes carry over their names as
+    the ops' ``origin``.
+
+Every problem with the model raises ``KmlcError`` naming the file and the
+node or tensor: unreadable or truncated files, missing external data,
+invalid models, opsets outside 13..newest, unsupported ops or types, and
+dynamic dimensions other than the batch.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import KmlcError, node_ref
+from ..ir import F32, Graph, IRError, Op, TensorType, Value, c_identifier, const, fresh_namer, verify
+from ..ops import evaluate, infer_types
+
+MIN_OPSET = 13
+
+# ONNX ops kmlc compiles to kernels.
+SUPPORTED = ("Add", "ArgMax", "Clip", "Div", "Flatten", "Gemm", "Identity", "LeakyRelu",
+             "MatMul", "Mul", "Relu", "Reshape", "Sigmoid", "Softmax", "Sub", "Tanh")
+# ONNX ops that become IR ops the fold-constants pass must remove: float math
+# exporters apply to constants (e.g. computing 1/std).
+FOLD_ONLY = {"Abs": "abs", "Exp": "exp", "Log": "log", "Max": "max", "Min": "min",
+             "Neg": "neg", "Pow": "pow", "Reciprocal": "reciprocal", "Sqrt": "sqrt",
+             "Transpose": "transpose"}
+# ONNX ops evaluated while importing, because shapes depend on them.
+STATIC = ("Cast", "Concat", "Constant", "ConstantOfShape", "Gather", "Shape", "Slice",
+          "Squeeze", "Unsqueeze")
+
+_SIMPLE = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Relu": "relu",
+           "Sigmoid": "sigmoid", "Tanh": "tanh", "MatMul": "matmul"}
+
+
+def supported_ops_text() -> str:
+    return (", ".join(SUPPORTED) + "; and, on constant inputs only, "
+            + ", ".join(sorted(set(STATIC) | set(FOLD_ONLY))))
+
+
+# --------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------
+
+def _load_proto(path: Path):
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if not path.is_file():
+        raise KmlcError("no such file", where=str(path))
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError) as e:
+        raise KmlcError(f"not a readable ONNX model (truncated or corrupt protobuf: {e})",
+                        where=str(path)) from None
+    if not model.HasField("graph") or not model.graph.node:
+        raise KmlcError("not a readable ONNX model (no graph; truncated or not ONNX)",
+                        where=str(path))
+    _load_external_data(model, path)
+    return model
+
+
+def _load_external_data(model, path: Path) -> None:
+    from onnx import external_data_helper as edh
+
+    base = path.parent
+    for t in edh._get_all_tensors(model):
+        if not edh.uses_external_data(t):
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        target = (base / loc).resolve()
+        if not loc or os.path.isabs(loc) or ".." in Path(loc).parts:
+            raise KmlcError(f"initializer '{t.name}' has an unsafe external data location "
+                            f"'{loc}'", where=str(path))
+        if not target.is_file():
+            raise KmlcError(f"external data file '{loc}' for initializer '{t.name}' not found "
+                            f"next to the model", where=str(path))
+        offset, length = int(info.get("offset", 0)), info.get("length")
+        size = target.stat().st_size
+        if offset > size or (length is not None and offset + int(length) > size):
+            raise KmlcError(f"external data file '{loc}' is too short for initializer "
+                            f"'{t.name}'", where=str(path))
+    try:
+        edh.load_external_data_for_model(model, str(base))
+    except Exception as e:  # onnx raises assorted types here
+        raise KmlcError(f"cannot load external data: {e}", where=str(path)) from None
+
+
+def load(source, *, name: str | None = None) -> Graph:
+    """Load an ONNX model from a path or a ``ModelProto`` and import it."""
+    import onnx
+
+    if isinstance(source, onnx.ModelProto):
+        model, where = source, name or "<model>"
+        stem = name or model.graph.name or "model"
+    else:
+        path = Path(source)
+        model, where, stem = _load_proto(path), str(path), path.stem
+    return Importer(model, where).run(c_identifier(name or stem, "model").lower())
+
+
+# --------------------------------------------------------------------------
+# Import
+# --------------------------------------------------------------------------
+
+class Importer:
+    def __init__(self, model, where: str):
+        self.model = model
+        self.where = where
+
+    def fail(self, msg: str, node=None):
+        raise KmlcError(f"{node_ref(node.op_type, self.node_name(node))}: {msg}" if node else msg,
+                        where=self.where)
+
+    def node_name(self, node) -> str:
+        return node.name or f"{node.op_type}_{self.node_index[id(node)]}"
+
+    # -- model-level checks ---------------------------------------------------
+
+    def check_model(self):
+        import onnx
+
+        m = self.model
+        opset = None
+        for imp in m.opset_import:
+            if imp.domain in ("", "ai.onnx"):
+                opset = imp.version
+        newest = onnx.defs.onnx_opset_version()
+        if opset is None:
+            self.fail("model imports no default-domain (ai.onnx) opset")
+        if not MIN_OPSET <= opset <= newest:
+            self.fail(f"opset {opset} is not supported: kmlc reads opsets {MIN_OPSET}..{newest}"
+                      + (" (convert with onnx.version_converter)" if opset < MIN_OPSET else ""))
+        self.opset = opset
+        defined = {i.name for i in m.graph.input} | {i.name for i in m.graph.initializer}
+        for node in self.nodes:
+            for name in node.input:
+                if name and name not in defined:
+                    self.fail(f"input '{name}' is not a graph input, an initializer or an "
+                              "earlier node's output (a missing initializer?)", node)
+            defined.update(node.output)
+        try:
+            onnx.checker.check_model(m)
+        except onnx.checker.ValidationError as e:
+            self.fail(f"invalid ONNX model: {' '.join(str(e).split()) or 'checker failed'}")
+
+    def bind_inputs(self):
+        """Graph inputs with the batch dimension bound; returns {name: TensorType}."""
+        from onnx import TensorProto
+
+        inits = {i.name for i in self.model.graph.initializer}
+        bound = {}
+        for vi in self.model.graph.input:
+            if vi.name in inits:
+                continue
+            tt = vi.type.tensor_type
+            if not vi.type.HasField("tensor_type"):
+                self.fail(f"input '{vi.name}' is not a tensor")
+            if tt.elem_type != TensorProto.FLOAT:
+                self.fail(f"input '{vi.name}' has element type "
+                          f"{TensorProto.DataType.Name(tt.elem_type).lower()}; "
+                          "kmlc models take float32 inputs")
+            if not tt.HasField("shape"):
+                self.fail(f"input '{vi.name}' has no shape; give it a static shape "
+                          "(a symbolic leading batch dimension is allowed)")
+            dims = []
+            for i, d in enumerate(tt.shape.dim):
+                if d.HasField("dim_value") and d.dim_value > 0:
+                    dims.append(d.dim_value)
+                elif d.HasField("dim_value"):
+                    self.fail(f"input '{vi.name}' has dimension {i} of size {d.dim_value}")
+                elif i == 0:
+                    dims.append(1)  # symbolic batch: one sample per call
+                else:
+                    label = f" ('{d.dim_param}')" if d.dim_param else ""
+                    self.fail(f"input '{vi.name}' has a dynamic dimension {i}{label}; only a "
+                              "leading batch dimension may be symbolic")
+            bound[vi.name] = TensorType(F32, tuple(dims))
+        if not bound:
+            self.fail("model has no runtime inputs")
+        return bound
+
+    def onnx_shapes(self, bound):
+        """Run ONNX shape inference on a copy with the batch bound."""
+        import onnx
+
+        m = onnx.ModelProto()
+        m.CopyFrom(self.model)
+        for vi in m.graph.input:
+            if vi.name in bound:
+                for d, n in zip(vi.type.tensor_type.shape.dim, bound[vi.name].shape):
+                    d.Clear()
+                    d.dim_value = n
+        try:
+            m = onnx.shape_inference.infer_shapes(m, check_type=True, strict_mode=True,
+                                                   data_prop=True)
+        except Exception as e:  # InferenceError, ValidationError
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            self.fail(f"ONNX shape inference failed: {first}")
+        shapes = {}
+        for vi in list(m.graph.value_info) + list(m.graph.output):
+            dims = vi.type.tensor_type.shape.dim
+            if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+                shapes[vi.name] = tuple(d.dim_value for d in dims)
+        return shapes
+
+    # -- the walk -----------------------------------------------------------------
+
+    def run(self, name: str) -> Graph:
+        from onnx import numpy_helper
+
+        g = self.model.graph
+        self.nodes = list(g.node)  # stable objects: node_name() keys on them
+        self.node_index = {id(n): i for i, n in enumerate(self.nodes)}
+        self.check_model()
+        bound = self.bind_inputs()
+        onnx_shapes = self.onnx_shapes(bound)
+
+        self.fresh = fresh_namer()
+        self.env: dict[str, Value] = {}
+        self.known: dict[str, np.ndarray] = {}
+        self.producer: dict[Value, Op] = {}
+        self.ops: list[Op] = []
+        inputs = []
+        for vi in g.input:
+            if vi.name in bound:
+                v = Value(self.fresh(c_identifier(vi.name, "in")), bound[vi.name])
+                self.env[vi.name] = v
+                inputs.append(v)
+        for init in g.initializer:
+            if init.name in bound:
+                continue
+            try:
+                arr = numpy_helper.to_array(init)
+            except Exception as e:
+                self.fail(f"initializer '{init.name}' cannot be read: {e}")
+            self.constant(init.name, arr)
+
+        for node in self.nodes:
+            self.convert(node)
+
+        outputs = []
+        for vi in g.output:
+            if vi.name not in self.env:
+                self.fail(f"graph output '{vi.name}' is not produced by any node")
+            v = self.env[vi.name]
+            if v.type.dtype.name not in ("f32", "i64"):
+                self.fail(f"output '{vi.name}' has type {v.type.dtype}; kmlc outputs float32 "
+                          "(or an ArgMax index)")
+            outputs.append(v)
+
+        graph = Graph(name, inputs, outputs, self.ops)
+        graph.source_names = {v: vi.name for v, vi in zip(inputs, [i for i in g.input
+                                                                     if i.name in bound])}
+        for v, vi in zip(outputs, g.output):
+            graph.source_names.setdefault(v, vi.name)
+        for onnx_name, v in self.env.items():
+            want = onnx_shapes.get(onnx_name)
+            if want is not None and not v.is_const and want != v.type.shape:
+                raise IRError(f"kmlc infers {v.type} for '{onnx_name}' but ONNX shape inference "
+                              f"gives {list(want)}")
+        return verify(graph)
+
+    def constant(self, onnx_name: str, arr: np.ndarray) -> None:
+        """Record a compile-time tensor; it becomes an IR constant if it can be one."""
+        arr = np.asarray(arr)
+        if arr.dtype == np.float32 and not np.all(np.isfinite(arr)):
+            self.fail(f"tensor '{onnx_name}' holds non-finite values")
+        if arr.dtype.kind in "iub":
+            arr = arr.astype(np.int64)
+        self.known[onnx_name] = arr
+        if arr.dtype in (np.float32, np.int64) and arr.size:
+            self.env[onnx_name] = const(self.fresh(c_identifier(onnx_name, "c")), arr)
+
+    def get(self, node, i: int) -> Value | None:
+        if i >= len(node.input) or node.input[i] == "":
+            return None
+        name = node.input[i]
+        if name in self.env:
+            return self.env[name]
+        if name in self.known:
+            self.fail(f"operand '{name}' is a {self.known[name].dtype} tensor of shape "
+                      f"{list(self.known[name].shape)}; kmlc computes on non-empty float32 "
+                      "tensors only", node)
+        self.fail(f"input '{name}' is not a graph input, an initializer or an earlier "
+                  "node's output", node)
+
+    def emit(self, node, kind: str, inputs: list[Value], attrs: dict | None = None) -> None:
+        attrs = attrs or {}
+        for i, v in enumerate(inputs):
+            if v.type.dtype != F32:
+                self.fail(f"operand {i} ('{node.input[i]}') has element type {v.type.dtype}; "
+                          "kmlc computes in float32 only", node)
+        try:
+            types = infer_types(kind, [v.type for v in inputs], attrs)
+        except ValueError as e:
+            self.fail(str(e), node)
+        outs = [Value(self.fresh(c_identifier(o, "t")), t) for o, t in zip(node.output, types)]
+        op = Op(kind, list(inputs), outs, attrs, (f"{self.node_name(node)} ({node.op_type})",))
+        self.ops.append(op)
+        self.producer[outs[0]] = op
+        self.env[node.output[0]] = outs[0]
+
+    def attrs(self, node) -> dict:
+        from onnx import helper
+
+        return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+    def value_of(self, name: str) -> np.ndarray | None:
+        """A tensor's value if it is known at compile time: a constant, or an
+        IR op's result computed from constants only (evaluated here so that
+        shape computations can use it; the op itself stays for the
+        fold-constants pass)."""
+        if not name:
+            return None
+        if name in self.known:
+            return self.known[name]
+        v = self.env.get(name)
+        return None if v is None else self._evaluate(v)
+
+    def _evaluate(self, v: Value) -> np.ndarray | None:
+        if v.is_const:
+            return v.data
+        op = self.producer.get(v)
+        if op is None:
+            return None
+        ins = [self._evaluate(i) for i in op.inputs]
+        return None if any(i is None for i in ins) else evaluate(op.kind, ins, op.attrs)[0]
+
+    def convert(self, node) -> None:
+        if node.domain not in ("", "ai.onnx"):
+            self.fail(f"op domain '{node.domain}' is not supported; kmlc supports the default "
+                      f"ONNX domain: {supported_ops_text()}", node)
+        op = node.op_type
+        if op not in SUPPORTED and op not in FOLD_ONLY and op not in STATIC:
+            self.fail(f"kmlc cannot compile {op}; supported ops: {supported_ops_text()}", node)
+        known = [n in self.known for n in node.input if n]
+        if op in STATIC or (known and all(known) and any(
+                self.known[n].dtype != np.float32 for n in node.input if n)):
+            # Shape arithmetic (or integer math on it): evaluate now.
+            if self.evaluate_now(node):
+                return
+        a = self.attrs(node)
+        ins = [self.get(node, i) for i in range(len(node.input))]
+        x = ins[0] if ins else None
+        if op in _SIMPLE:
+            self.emit(node, _SIMPLE[op], ins)
+        elif op in FOLD_ONLY:
+            kind = FOLD_ONLY[op]
+            if kind in ("max", "min") and len(ins) > 2:
+                self.fail(f"{op} with more than two inputs is not supported", node)
+            if kind in ("max", "min") and len(ins) == 1:
+                self.emit(node, "reshape", ins, {"shape": list(x.type.shape)})
+            else:
+                attrs = {"perm": list(a.get("perm", range(len(x.type.shape))[::-1]))} \
+                    if kind == "transpose" else {}
+                self.emit(node, kind, ins, attrs)
+        elif op == "LeakyRelu":
+            self.emit(node, "leaky_relu", [x], {"alpha": float(np.float32(a.get("alpha", 0.01)))})
+        elif op == "Clip":
+            bounds = []
+            for i, default in ((1, -np.finfo(np.float32).max), (2, np.finfo(np.float32).max)):
+                name = node.input[i] if i < len(node.input) else ""
+                val = self.value_of(name) if name else np.float32(default)
+                if val is None or np.asarray(val).size != 1:
+                    self.fail("Clip bounds must be constant scalars", node)
+                bounds.append(float(np.asarray(val, dtype=np.float32).reshape(())))
+            self.emit(node, "clip", [x], {"min": bounds[0], "max": bounds[1]})
+        elif op == "Softmax":
+            self.emit(node, "softmax", [x], {"axis": int(a.get("axis", -1))})
+        elif op == "ArgMax":
+            self.emit(node, "argmax", [x], {"axis": int(a.get("axis", 0)),
+                                            "keepdims": int(a.get("keepdims", 1)),
+                                            "select_last_index": int(a.get("select_last_index", 0))})
+        elif op == "Gemm":
+            self.emit(node, "gemm", [v for v in ins if v is not None],
+                      {"alpha": float(np.float32(a.get("alpha", 1.0))),
+                       "beta": float(np.float32(a.get("beta", 1.0))),
+                       "transA": int(a.get("transA", 0)), "transB": int(a.get("transB", 0))})
+        elif op == "Flatten":
+            shape = x.type.shape
+            axis = int(a.get("axis", 1))
+            if not -len(shape) <= axis <= len(shape):
+                self.fail(f"Flatten axis {axis} out of range for rank {len(shape)}", node)
+            axis += len(shape) if axis < 0 else 0
+            self.emit(node, "reshape", [x], {"shape": [int(np.prod(shape[:axis])),
+                                                       int(np.prod(shape[axis:]))]})
+        elif op == "Reshape":
+            target = self.value_of(node.input[1]) if len(node.input) > 1 else None
+            if target is None:
+                self.fail("the target shape must be a constant (or computable at compile time)",
+                          node)
+            self.emit(node, "reshape", [x], {"shape": self.reshape_target(
+                node, x.type.shape, target.reshape(-1).tolist(), int(a.get("allowzero", 0)))})
+        elif op in ("Identity", "Cast"):
+            self.emit(node, "reshape", [x], {"shape": list(x.type.shape)})
+
+    def reshape_target(self, node, shape, target, allowzero):
+        out = []
+        for i, d in enumerate(target):
+            if d == 0 and not allowzero:
+                if i >= len(shape):
+                    self.fail(f"Reshape dim {i} is 0 but the input has rank {len(shape)}", node)
+                out.append(shape[i])
+            else:
+                out.append(int(d))
+        if out.count(-1) > 1:
+            self.fail("Reshape target has more than one -1", node)
+        if -1 in out:
+            rest = int(np.prod([d for d in out if d != -1]))
+            total = int(np.prod(shape))
+            if rest == 0 or total % rest:
+                self.fail(f"cannot reshape {list(shape)} to {target}", node)
+            out[out.index(-1)] = total // rest
+        if any(d <= 0 for d in out) or int(np.prod(out)) != int(np.prod(shape)):
+            self.fail(f"cannot reshape {list(shape)} to {target}", node)
+        return out
+
+    def evaluate_now(self, node) -> bool:
+        """Evaluate ``node`` at import time; False for a float Cast of runtime
+        data, which is an Identity."""
+        from onnx import helper, numpy_helper
+
+        op = node.op_type
+        a = self.attrs(node)
+        if op == "Shape":
+            v = self.get(node, 0) if node.input[0] not in self.known else None
+            shape = np.array(self.known[node.input[0]].shape if v is None else v.type.shape,
+                             dtype=np.int64)
+            result = shape[a.get("start", 0):a.get("end", None)]
+        else:
+            d = [self.value_of(n) if n else None for n in node.input]
+            if any(x is None for n, x in zip(node.input, d) if n):
+                if op == "Cast" and a.get("to") == 1:
+                    return False
+                self.fail(f"{op} on runtime data is not supported; kmlc evaluates {op} only "
+                          "when its inputs are known at compile time", node)
+            try:
+                result = _static_eval(op, d, a, helper, numpy_helper)
+            except KmlcError:
+                raise
+            except Exception as e:
+                self.fail(f"cannot evaluate at compile time: {e}", node)
+        self.constant(node.output[0], np.asarray(result))
+        return True
+
+
+_NUMPY_UNARY = {"Abs": np.abs, "Exp": np.exp, "Log": np.log, "Neg": np.negative,
+                "Reciprocal": np.reciprocal, "Sqrt": np.sqrt}
+
+
+def _static_eval(op, d, a, helper, numpy_helper):
+    if op == "Constant":
+        if "value" in a:
+            return numpy_helper.to_array(a["value"])
+        for key, dt in (("value_float", np.float32), ("value_floats", np.float32),
+                        ("value_int", np.int64), ("value_ints", np.int64)):
+            if key in a:
+                return np.array(a[key], dtype=dt)
+        raise KmlcError("Constant without a supported value attribute")
+    if op == "Cast":
+        return d[0].astype(helper.tensor_dtype_to_np_dtype(a["to"]))
+    if op in _NUMPY_UNARY:
+        with np.errstate(all="ignore"):
+            return _NUMPY_UNARY[op](d[0]).astype(d[0].dtype)
+    if op in ("Max", "Min"):
+        f = np.maximum if op == "Max" else np.minimum
+        out = d[0]
+        for x in d[1:]:
+            out = f(out, x)
+        return out
+    if op == "Pow":
+        with np.errstate(all="ignore"):
+            return np.power(d[0], d[1]).astype(d[0].dtype)
+    if op == "Transpose":
+        return np.transpose(d[0], a.get("perm"))
+    if op in ("Add", "Sub", "Mul"):
+        return {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](d[0], d[1])
+    if op == "Div" and d[0].dtype.kind in "iu":
+        return (np.sign(d[0]) * np.sign(d[1]) * (np.abs(d[0]) // np.abs(d[1]))).astype(d[0].dtype)
+    if op == "Concat":
+        return np.concatenate(d, axis=a["axis"])
+    if op == "Gather":
+        return np.take(d[0], d[1], axis=a.get("axis", 0))
+    if op == "Unsqueeze":
+        out = d[0]
+        rank = out.ndim + len(d[1].reshape(-1))
+        for ax in sorted(int(x) % rank for x in d[1].reshape(-1)):
+            out = np.expand_dims(out, ax)
+        return out
+    if op == "Squeeze":
+        if len(d) < 2 or d[1] is None:
+            return np.squeeze(d[0])
+        return np.squeeze(d[0], axis=tuple(int(x) for x in d[1].reshape(-1)))
+    if op == "ConstantOfShape":
+        val = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
+        return np.full(tuple(int(x) for x in d[0].reshape(-1)), val.reshape(-1)[0], val.dtype)
+    if op == "Slice":
+        data, starts, ends = d[0], d[1].reshape(-1), d[2].reshape(-1)
+        axes = d[3].reshape(-1) if len(d) > 3 and d[3] is not None else range(len(starts))
+        steps = d[4].reshape(-1) if len(d) > 4 and d[4] is not None else [1] * len(starts)
+        idx = [slice(None)] * data.ndim
+        for s, e, ax, st in zip(starts, ends, axes, steps):
+            idx[int(ax)] = slice(int(s), int(e), int(st))
+        return data[tuple(idx)]
+    raise KmlcError(f"no compile-time evaluation for {op}")

@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * kml_types.h - what kmlc's generated C needs from its environment
+ *
+ * Kernel builds take the kernel's own types and errno values; the userspace
+ * twin gets the same names from the C library.  Nothing else in the
+ * generated code depends on which build it is in.
+ */
+#ifndef KML_TYPES_H
+#define KML_TYPES_H
+
+#ifdef __KERNEL__
+#include <linux/errno.h>
+#include <linux/export.h>
+#include <linux/types.h>
+#else
+#include <errno.h>
+#include <stdint.h>
+typedef uint8_t u8;
+typedef uint16_t u16;
+typedef uint32_t u32;
+typedef uint64_t u64;
+typedef int8_t s8;
+typedef int16_t s16;
+typedef int32_t s32;
+typedef int64_t s64;
+/* The twin is a shared library: every non-static symbol is exported. */
+#define EXPORT_SYMBOL_GPL(sym)
+#endif
+
+/* True when p is aligned to a (a power of two). */
+static inline int kml_aligned(const void *p, unsigned long a)
+{
+	return ((unsigned long)p & (a - 1)) == 0;
+}
+
+#endif /* KML_TYPES_H */

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# kmlc's two entry points (see README.md):
+#
+#   scripts/bootstrap.sh demo   set up, then compile a bundled example model
+#                               into a kernel module, a twin and a KUnit suite
+#   scripts/bootstrap.sh test   set up, then run the whole test suite
+#                               (unit, ONNX conformance, module builds, KUnit)
+#
+# Setup is idempotent and quick the second time: Debian packages are
+# installed only when missing, the virtualenv (.venv) is kept, pip runs only
+# when setup.py changed, and kernel trees and builds are cached under
+# ~/.cache/kmlc at fixed paths.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+MODE=${1:-}
+case "$MODE" in
+demo|test) ;;
+*) echo "usage: $0 demo|test" >&2; exit 2 ;;
+esac
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+# --- Debian packages --------------------------------------------------------
+# compilers and Kbuild, 6.1 headers and source (module builds, KUnit),
+# qemu (KUnit on x86_64), clang (second compiler for the twin)
+PACKAGES=(build-essential bc bison flex libelf-dev libssl-dev kmod cpio xz-utils perl
+	python3 python3-venv python3-dev linux-headers-amd64 linux-source-6.1
+	qemu-system-x86 clang lld llvm dwarves)
+missing=()
+for p in "${PACKAGES[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+		missing+=("$p")
+done
+if ((${#missing[@]})); then
+	say "installing Debian packages: ${missing[*]}"
+	SUDO=""
+	[ "$(id -u)" -eq 0 ] || SUDO=sudo
+	export DEBIAN_FRONTEND=noninteractive
+	$SUDO apt-get update -qq
+	$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# --- Python -----------------------------------------------------------------
+if [ ! -x .venv/bin/python ]; then
+	say "creating .venv"
+	python3 -m venv .venv
+fi
+EXTRAS=""
+[ "$MODE" = test ] && EXTRAS="[test,torch]"
+stamp=".venv/.kmlc-installed$(echo "$EXTRAS" | tr -dc 'a-z')"
+if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+	say "installing kmlc into .venv (pip install -e .$EXTRAS)"
+	.venv/bin/python -m pip install -q --upgrade pip
+	.venv/bin/python -m pip install -q -e ".$EXTRAS"
+	touch "$stamp"
+fi
+
+# --- the job ----------------------------------------------------------------
+if [ "$MODE" = demo ]; then
+	OUT=build/readahead
+	say "compiling examples/models/readahead.onnx -> $OUT"
+	.venv/bin/kmlc compile examples/models/readahead.onnx -o "$OUT"
+	say "building the kernel module (W=1)"
+	.venv/bin/kmlc build "$OUT"
+	say "running the twin on sample features"
+	.venv/bin/python - "$OUT" <<'EOF'
+import sys
+import numpy as np
+sys.path.insert(0, "examples/models")
+import seed_models
+np.save(sys.argv[1] + "/sample_inputs.npy", seed_models.sample_inputs("readahead", 8, seed=0))
+EOF
+	.venv/bin/kmlc run "$OUT" --input "$OUT/sample_inputs.npy" --output "$OUT/sample_outputs.npy"
+	say "checking the twin against onnxruntime"
+	.venv/bin/kmlc verify examples/models/readahead.onnx --data "$OUT/sample_inputs.npy"
+	cat <<EOF
+
+kmlc demo done.  In $OUT/:
+  kernel/  $(cd "$OUT/kernel" && ls *.ko) and its sources (Kbuild, readahead_fp.c, ...)
+  user/    libkml_readahead.so, the userspace twin (Python: kmlc.load("$OUT"))
+  kunit/   the golden-vector KUnit suite: .venv/bin/kmlc kunit $OUT
+  report.txt  the lowered schedule and memory plan
+EOF
+else
+	say "running the test suite"
+	.venv/bin/python -m pytest -q -ra tests
+fi

@@ -1,0 +1,28 @@
+"""kmlc packaging: the package is ``kmlc`` (from compiler/), with its
+frontends (frontends/) and the C runtime headers (runtime-kernel/,
+runtime-user/) installed as data packages inside it."""
+from setuptools import setup
+
+setup(
+    name="kmlc",
+    version="0.1.0",
+    description="A model compiler that puts learned storage policies into the Linux kernel",
+    python_requires=">=3.10",
+    packages=["kmlc", "kmlc.passes", "kmlc.codegen", "kmlc.targets", "kmlc.frontends",
+              "kmlc.runtime_kernel", "kmlc.runtime_user"],
+    package_dir={
+        "kmlc": "compiler",
+        "kmlc.frontends": "frontends",
+        "kmlc.runtime_kernel": "runtime-kernel",
+        "kmlc.runtime_user": "runtime-user",
+    },
+    package_data={
+        "kmlc.codegen": ["templates/*.j2"],
+        "kmlc.runtime_kernel": ["*.h"],
+        "kmlc.runtime_user": ["*.h"],
+    },
+    install_requires=["numpy>=1.24", "onnx>=1.15", "onnxruntime>=1.17", "jinja2>=3.1",
+                      "click>=8.1"],
+    extras_require={"test": ["pytest>=7"], "torch": ["torch>=2.4", "onnxscript"]},
+    entry_points={"console_scripts": ["kmlc=kmlc.cli:main"]},
+)

@@ -1,0 +1,77 @@
+"""ONNX's own backend node tests for every op kmlc compiles.
+
+onnx ships them as generators (onnx.backend.test.case.node); each case has
+a model, input/output data and a tolerance.  Inputs after the first are
+bound as initializers (kmlc models take one runtime tensor per input, and
+the cases pass weights and bounds as inputs).  The twin must match ONNX's
+expected outputs within the case's tolerance, and must match kmlc's own
+reference evaluator bit for bit.
+"""
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, numpy_helper
+
+from kmlc.api import compile as kcompile, load
+from kmlc.frontends.onnx import SUPPORTED, load as load_graph
+from kmlc.ops import interpret
+
+
+def float_cases():
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = collect_testcases(None)
+    out = []
+    for c in cases:
+        g = c.model.graph
+        if not all(n.op_type in SUPPORTED and n.domain in ("", "ai.onnx") for n in g.node):
+            continue
+        first = g.input[0].type
+        if not first.HasField("tensor_type") or first.tensor_type.elem_type != TensorProto.FLOAT:
+            continue
+        if len(g.output) != 1 or 0 in c.data_sets[0][0][0].shape:
+            continue  # kmlc rejects zero-sized tensors (tests/unit/test_errors.py)
+        out.append(c)
+    return out
+
+
+CASES = float_cases()
+
+
+def test_enough_cases_collected():
+    ops = {n.op_type for c in CASES for n in c.model.graph.node}
+    assert len(CASES) >= 60, len(CASES)
+    assert ops == set(SUPPORTED), set(SUPPORTED) - ops
+
+
+def bind(model, inputs):
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    keep = m.graph.input[0]
+    for vi, data in zip(list(m.graph.input)[1:], inputs[1:]):
+        m.graph.initializer.append(numpy_helper.from_array(np.asarray(data), vi.name))
+    del m.graph.input[:]
+    m.graph.input.append(keep)
+    return m
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_node_case(case, tmp_path):
+    for i, (inputs, outputs) in enumerate(case.data_sets):
+        model = bind(case.model, inputs)
+        res = kcompile(model, tmp_path / f"out{i}", targets="user", name="case")
+        twin = load(tmp_path / f"out{i}")
+        x = np.asarray(inputs[0], dtype=np.float32)
+        y = twin.run(x.reshape(1, -1))[0]
+        expected = np.asarray(outputs[0])
+        if expected.dtype == np.float32:
+            np.testing.assert_allclose(y, expected.reshape(-1), rtol=case.rtol, atol=case.atol)
+        else:  # ArgMax indices come back as exact floats
+            assert np.array_equal(y, expected.reshape(-1).astype(np.float32))
+        ref = interpret(load_graph(model, name="case"), x)[0].astype(np.float32).reshape(-1)
+        assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), "twin != reference evaluator"
+        assert res.manifest["out_elems"] == expected.size

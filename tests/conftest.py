@@ -1,0 +1,73 @@
+"""Shared test helpers: small ONNX graphs built by hand, the seed models,
+and paths to the tools the kernel tests need."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "models"
+SEED_MODELS = ("readahead", "nfs_rsize", "heimdall")
+sys.path.insert(0, str(EXAMPLES))
+
+import seed_models  # noqa: E402
+
+
+def kmlc_cli(*args, cwd=None) -> subprocess.CompletedProcess:
+    """Run the installed ``kmlc`` command line."""
+    exe = Path(sys.executable).parent / "kmlc"
+    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+def make_model(nodes, inputs, outputs, inits=(), opset=17, ir_version=8, name="m"):
+    """A ModelProto from onnx.helper pieces; ``inputs``/``outputs`` are
+    (name, shape) pairs (float32) or ready ValueInfoProtos; ``inits`` maps
+    names to numpy arrays."""
+    def vi(x):
+        if isinstance(x, onnx.ValueInfoProto):
+            return x
+        return helper.make_tensor_value_info(x[0], TensorProto.FLOAT, x[1])
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in dict(inits).items()]
+    g = helper.make_graph(nodes, name, [vi(i) for i in inputs], [vi(o) for o in outputs], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = ir_version
+    return m
+
+
+def mlp_model(sizes, act="Relu", seed=0, batch="N", transB=1):
+    rng = np.random.default_rng(seed)
+    nodes, inits, x = [], {}, "x"
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        w = rng.normal(size=(b, a) if transB else (a, b)).astype(np.float32) * 0.5
+        inits[f"w{i}"], inits[f"b{i}"] = w, rng.normal(size=b).astype(np.float32)
+        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"h{i}"], name=f"fc{i}",
+                                      transB=transB))
+        x = f"h{i}"
+        if i < len(sizes) - 2:
+            nodes.append(helper.make_node(act, [x], [f"a{i}"], name=f"act{i}"))
+            x = f"a{i}"
+    return make_model(nodes, [("x", [batch, sizes[0]])], [(x, [batch, sizes[-1]])], inits)
+
+
+def has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def kernel_tree() -> Path:
+    """The cached kernel source tree (unpacked on first use)."""
+    from kmlc.targets.kunit import source_tree
+
+    return source_tree()
+
+
+@pytest.fixture
+def seed_inputs():
+    return seed_models.sample_inputs
+

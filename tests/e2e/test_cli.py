@@ -1,0 +1,85 @@
+"""The command line and packaging, as a user meets them."""
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import onnx
+
+from conftest import EXAMPLES, ROOT, kmlc_cli, mlp_model
+from kmlc.passes import GRAPH_PASSES, banner
+
+
+def test_print_after_all_shows_every_stage_in_order(tmp_path):
+    res = kmlc_cli("compile", EXAMPLES / "readahead.onnx", "-o", tmp_path / "o",
+                   "--target", "user", "--print-after-all")
+    assert res.returncode == 0, res.stderr
+    stages = ["import"] + [n for n, _ in GRAPH_PASSES] + ["lower", "plan-memory"]
+    positions = [res.stderr.index(banner(s), res.stderr.index(banner(stages[i - 1])) + 1
+                                  if i else 0) for i, s in enumerate(stages)]
+    assert positions == sorted(positions)
+    assert "graph @readahead(%features: f32[1,5]) -> (f32[1,4])" in res.stderr
+    assert "dense(" in res.stderr and "schedule @readahead float" in res.stderr
+    assert "memory plan: workspace" in res.stderr
+
+
+def test_inspect(tmp_path):
+    res = kmlc_cli("inspect", EXAMPLES / "heimdall.onnx")
+    assert res.returncode == 0 and "act = relu" in res.stdout and "k4 matmul" in res.stdout
+
+
+def test_run_matches_python_api_and_relative_outdir(tmp_path):
+    onnx.save(mlp_model([6, 8, 3], act="Tanh"), tmp_path / "m.onnx")
+    assert kmlc_cli("compile", "m.onnx", "-o", "rel/out", cwd=tmp_path).returncode == 0
+    x = np.random.default_rng(0).standard_normal((10, 6)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    res = kmlc_cli("run", "rel/out", "--input", "x.npy", "--output", "y.npy", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    import kmlc
+
+    y = np.load(tmp_path / "y.npy")
+    assert y.dtype == np.float32 and y.shape == (10, 3)
+    assert np.array_equal(y, kmlc.load(tmp_path / "rel" / "out").run(x))
+
+
+def test_verify_reports_and_fails_past_tolerance(tmp_path):
+    res = kmlc_cli("verify", EXAMPLES / "nfs_rsize.onnx", "--samples", "200")
+    assert res.returncode == 0 and "PASS" in res.stdout and "200 rows" in res.stdout
+    # an absurd tolerance must make the same comparison fail
+    res = kmlc_cli("verify", EXAMPLES / "nfs_rsize.onnx", "--samples", "200", "--atol", "0",
+                   "--rtol", "0")
+    assert res.returncode == 1 and "FAIL" in res.stdout and "differ" in res.stderr
+
+
+def test_wheel_carries_runtime_and_templates(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", tmp_path, ROOT], check=True, capture_output=True)
+    whl = next(tmp_path.glob("kmlc-*.whl"))
+    names = set(zipfile.ZipFile(whl).namelist())
+    for f in ("kmlc/runtime_kernel/kml_math.h", "kmlc/runtime_kernel/kml_fpu.h",
+              "kmlc/runtime_kernel/kml_types.h", "kmlc/runtime_user/kml_user_fpu.h",
+              "kmlc/codegen/templates/model_fp.c.j2", "kmlc/frontends/onnx.py",
+              "kmlc/passes/fuse_dense.py", "kmlc/cli.py"):
+        assert f in names, f
+    assert any(n.endswith("entry_points.txt") for n in names)
+
+
+def test_wheel_installs_and_compiles(tmp_path):
+    """``pip install .`` (not editable) into a fresh target works end to end."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+                    "-q", "--target", tmp_path / "site", ROOT], check=True, capture_output=True)
+    code = ("import kmlc, sys; assert kmlc.__file__.startswith(sys.argv[1]);"
+            "r = kmlc.compile(sys.argv[2], sys.argv[3], targets='user');"
+            "print(kmlc.load(sys.argv[3]).run([[1, 2, 3, 4, 5]]).shape)")
+    env = {"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "site"),
+                          str(EXAMPLES / "readahead.onnx"), str(tmp_path / "o")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert res.returncode == 0 and "(1, 4)" in res.stdout, res.stderr
+
+
+def test_bad_usage_is_one_line(tmp_path):
+    res = kmlc_cli("compile", EXAMPLES / "readahead.onnx", "-o", tmp_path / "o", "--target",
+                   "gpu")
+    assert res.returncode == 1 and "unknown target 'gpu'" in res.stderr
+    assert "Traceback" not in res.stderr

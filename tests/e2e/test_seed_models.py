@@ -1,0 +1,188 @@
+"""The three seed-paper model shapes, end to end: twin vs onnxruntime and
+vs kmlc's reference evaluator, twin across compilers, kernel module build
+(W=1, symbols, checkpatch, stack), and KUnit on UML proving module == twin
+bit for bit on 64+ golden vectors each."""
+import ctypes
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import EXAMPLES, SEED_MODELS, kernel_tree, seed_models
+from kmlc.api import compile as kcompile, load
+from kmlc.frontends.onnx import load as load_graph
+from kmlc.ops import interpret
+from kmlc.targets import kernel, kunit, user
+from kmlc.verify import compare, reference_outputs
+
+GOLDEN = 64
+# Undefined symbols a model module may have: the FPU section and ordinary
+# module plumbing (printk, ftrace, retpolines/return thunks, string helpers).
+ALLOWED_UNDEFINED = {"kernel_fpu_begin_mask", "kernel_fpu_end", "irq_fpu_usable", "_printk",
+                     "__fentry__", "__x86_return_thunk", "memcpy", "memset", "memmove",
+                     "__stack_chk_fail", "module_layout"}
+
+
+def golden_rows(name):
+    """Realistic feature rows, then extremes that saturate exp/sigmoid."""
+    real = seed_models.sample_inputs(name, GOLDEN - 16, seed=11)
+    rng = np.random.default_rng(12)
+    wild = rng.standard_normal((16, real.shape[1])) * 10.0 ** rng.integers(-2, 7, (16, 1))
+    return np.concatenate([real, wild.astype(np.float32)])
+
+
+@pytest.fixture(scope="session")
+def compiled(tmp_path_factory):
+    root = tmp_path_factory.mktemp("seed")
+    out = {}
+    for name in SEED_MODELS:
+        kcompile(EXAMPLES / f"{name}.onnx", root / name, golden_data=golden_rows(name),
+                 golden_count=GOLDEN)
+        out[name] = root / name
+    return out
+
+
+def eval_rows(name, n=1000):
+    x = seed_models.sample_inputs(name, n, seed=7)
+    return x
+
+
+@pytest.mark.parametrize("name", SEED_MODELS)
+def test_twin_matches_onnxruntime(compiled, name):
+    twin = load(compiled[name])
+    x = eval_rows(name)
+    prog = kcompile(EXAMPLES / f"{name}.onnx", compiled[name].parent / f"{name}_v",
+                    targets="user").program
+    rep = compare(prog, twin.run(x), reference_outputs(EXAMPLES / f"{name}.onnx", prog, x),
+                  atol=1e-5, rtol=0.0, model=name)
+    assert rep.rows == 1000
+    assert rep.max_abs <= 1e-5 and rep.violations == 0, rep.text()
+    for agree, considered in rep.argmax.values():
+        assert agree == considered and considered > 0, rep.text()
+
+
+@pytest.mark.parametrize("name", SEED_MODELS)
+def test_twin_matches_reference_evaluator_bit_for_bit(compiled, name):
+    g = load_graph(EXAMPLES / f"{name}.onnx")
+    x = np.concatenate([eval_rows(name, 300), golden_rows(name)])
+    y = load(compiled[name]).run(x)
+    ref = np.stack([interpret(g, row[None])[0].reshape(-1) for row in x])
+    assert np.array_equal(y.view(np.uint32), ref.astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("name", SEED_MODELS)
+def test_twin_identical_across_compilers_and_optimization(compiled, name, tmp_path):
+    x = np.concatenate([eval_rows(name, 500), golden_rows(name)])
+    base = load(compiled[name]).run(x)
+    for cc, opt in (("gcc", "-O0"), ("clang", "-O2"), ("clang", "-O0"), ("gcc", "-O3")):
+        so = user.build_twin(compiled[name] / "user", name, cc=cc, extra=[opt, "-march=native"],
+                             out=tmp_path / f"{cc}{opt}.so")
+        y = user.Twin(compiled[name], so=so).run(x)
+        assert np.array_equal(y.view(np.uint32), base.view(np.uint32)), (cc, opt)
+
+
+MXCSR_HELPER = r"""
+#include <xmmintrin.h>
+unsigned int get_csr(void) { return _mm_getcsr(); }
+void set_csr(unsigned int v) { _mm_setcsr(v); }
+"""
+
+
+def test_twin_ignores_callers_fpu_mode(compiled, tmp_path):
+    """The twin loads the kernel's MXCSR for each call, so flush-to-zero or
+    another rounding mode in the calling process cannot change its bits."""
+    (tmp_path / "csr.c").write_text(MXCSR_HELPER)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", tmp_path / "csr.so", tmp_path / "csr.c"],
+                   check=True)
+    csr = ctypes.CDLL(str(tmp_path / "csr.so"))
+    csr.get_csr.restype = ctypes.c_uint
+    twin = load(compiled["readahead"])
+    x = np.concatenate([eval_rows("readahead", 300), golden_rows("readahead")])
+    base = twin.run(x)
+    saved = csr.get_csr()
+    try:
+        csr.set_csr(0x1f80 | 0x8000 | 0x0040 | 0x6000)  # FTZ, DAZ, round toward zero
+        y = twin.run(x)
+        assert csr.get_csr() == 0x1f80 | 0x8000 | 0x0040 | 0x6000  # caller's mode restored
+    finally:
+        csr.set_csr(saved)
+    assert np.array_equal(y.view(np.uint32), base.view(np.uint32))
+
+
+def test_no_libm_allocation_or_mutable_globals(compiled):
+    for name, d in compiled.items():
+        so = d / "user" / f"libkml_{name}.so"
+        und = subprocess.run(["nm", "-uD", so], capture_output=True, text=True).stdout
+        bad = re.findall(r"\b(exp|expf|tanh|tanhf|log|pow|malloc|calloc|realloc|free)\b", und)
+        assert not bad, bad
+        for f in ("kernel/{n}.c", "kernel/{n}_fp.c"):
+            text = (d / f.format(n=name)).read_text()
+            assert not re.search(r"\b\w*alloc\s*\(|<math\.h>|\bfree\s*\(", text), f
+            # file-scope objects must be const: no shared mutable scratch
+            for ln in text.splitlines():
+                if re.match(r"^(static\s+)?(float|int|u\d+|s\d+|unsigned|char)\b[^(]*(=|;)", ln):
+                    raise AssertionError(f"mutable file-scope object in {f}: {ln}")
+
+
+def test_generated_c_names_every_onnx_node(compiled):
+    import onnx
+
+    for name, d in compiled.items():
+        text = (d / "kernel" / f"{name}_fp.c").read_text()
+        for node in onnx.load(EXAMPLES / f"{name}.onnx").graph.node:
+            assert node.name in text, f"{node.name} ({node.op_type}) not named in {name}_fp.c"
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("name", SEED_MODELS)
+def test_module_builds_clean_with_w1(compiled, name):
+    ko = kernel.build_module(compiled[name] / "kernel")  # raises on any warning
+    assert ko.name == f"kml_{name}.ko"
+    assert set(kernel.undefined_symbols(ko)) <= ALLOWED_UNDEFINED, kernel.undefined_symbols(ko)
+    log = (compiled[name] / "kernel" / "build.log").read_text()
+    assert f"{name}_fp.o" in log and "warning" not in log
+
+
+@pytest.mark.kernel
+def test_module_and_twin_compile_the_same_model_sources(compiled):
+    for name, d in compiled.items():
+        for f in (f"{name}.c", f"{name}_fp.c", f"{name}.h", "kml_math.h", "kml_fpu.h",
+                  "kml_types.h"):
+            assert (d / "kernel" / f).read_bytes() == (d / "user" / f).read_bytes() \
+                == (d / "kunit" / f).read_bytes(), f
+
+
+@pytest.mark.kernel
+def test_checkpatch_clean(compiled):
+    checkpatch = kernel_tree() / "scripts" / "checkpatch.pl"
+    for name, d in compiled.items():
+        files = [d / "kernel" / f for f in (f"{name}.c", f"{name}_fp.c", f"{name}_mod.c",
+                                            f"{name}.h", "kml_math.h", "kml_fpu.h",
+                                            "kml_types.h")] + [d / "kunit" / f"{name}_kunit.c"]
+        for f in files:
+            res = subprocess.run(["perl", checkpatch, "--no-tree", "-f",
+                                  "--show-types", f], capture_output=True, text=True)
+            assert "total: 0 errors, 0 warnings" in res.stdout, res.stdout
+
+
+@pytest.mark.kernel
+def test_stack_frames_under_512_bytes(compiled, tmp_path):
+    for name, d in compiled.items():
+        subprocess.run(["gcc", *user.CFLAGS, "-mno-red-zone", "-fstack-usage", "-c",
+                        "-o", tmp_path / f"{name}_fp.o", d / "user" / f"{name}_fp.c"],
+                       check=True, cwd=tmp_path)
+        su = (tmp_path / f"{name}_fp.su").read_text().splitlines()
+        assert su
+        for ln in su:
+            fn, size, kind = ln.rsplit("\t", 2)
+            assert int(size) <= 512 and kind.startswith("static"), ln
+
+
+@pytest.mark.kunit
+def test_kunit_uml_bit_identical(compiled):
+    res = kunit.run([compiled[n] for n in SEED_MODELS], arch="um")
+    assert res["ok"], res["summary"]
+    for name in SEED_MODELS:
+        s = res["suites"][f"kml_{name}"]
+        assert s["passed"] == GOLDEN + 1 and s["failed"] == 0, res["summary"]
