@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLES, SEED_MODELS, kernel_tree, seed_models
-from kmlc.api import compile as kcompile, load
+from kmlc.api import compile as kcompile, load, lower_model
 from kmlc.frontends.onnx import load as load_graph
 from kmlc.ops import interpret
 from kmlc.targets import kernel, kunit, user
@@ -44,16 +44,14 @@ def compiled(tmp_path_factory):
 
 
 def eval_rows(name, n=1000):
-    x = seed_models.sample_inputs(name, n, seed=7)
-    return x
+    return seed_models.sample_inputs(name, n, seed=7)
 
 
 @pytest.mark.parametrize("name", SEED_MODELS)
 def test_twin_matches_onnxruntime(compiled, name):
     twin = load(compiled[name])
     x = eval_rows(name)
-    prog = kcompile(EXAMPLES / f"{name}.onnx", compiled[name].parent / f"{name}_v",
-                    targets="user").program
+    prog = lower_model(EXAMPLES / f"{name}.onnx")
     rep = compare(prog, twin.run(x), reference_outputs(EXAMPLES / f"{name}.onnx", prog, x),
                   atol=1e-5, rtol=0.0, model=name)
     assert rep.rows == 1000
@@ -167,16 +165,57 @@ def test_checkpatch_clean(compiled):
 
 
 @pytest.mark.kernel
-def test_stack_frames_under_512_bytes(compiled, tmp_path):
+def test_stack_frames_bounded_and_no_recursion(compiled, tmp_path):
+    """Every generated function has a static frame of at most 512 bytes, and
+    the call graph (gcc's own, -fcallgraph-info) has no cycle."""
     for name, d in compiled.items():
-        subprocess.run(["gcc", *user.CFLAGS, "-mno-red-zone", "-fstack-usage", "-c",
-                        "-o", tmp_path / f"{name}_fp.o", d / "user" / f"{name}_fp.c"],
-                       check=True, cwd=tmp_path)
-        su = (tmp_path / f"{name}_fp.su").read_text().splitlines()
-        assert su
-        for ln in su:
-            fn, size, kind = ln.rsplit("\t", 2)
-            assert int(size) <= 512 and kind.startswith("static"), ln
+        for src in (f"{name}_fp.c", f"{name}.c"):
+            stem = src[:-2]
+            subprocess.run(["gcc", *user.CFLAGS, "-O0", "-mno-red-zone", "-fstack-usage",
+                            "-fcallgraph-info", "-c", "-o", tmp_path / f"{stem}.o",
+                            d / "user" / src], check=True, cwd=tmp_path)
+            su = (tmp_path / f"{stem}.su").read_text().splitlines()
+            assert su
+            for ln in su:
+                fn, size, kind = ln.rsplit("\t", 2)
+                assert int(size) <= 512 and kind.startswith("static"), ln
+            graph = (tmp_path / f"{stem}.ci").read_text()
+            edges = re.findall(r'edge: \{ sourcename: "([^"]+)" targetname: "([^"]+)"', graph)
+            assert edges, src
+            succ = {}
+            for a, b in edges:
+                succ.setdefault(a, set()).add(b)
+            seen, done = set(), set()
+
+            def visit(v):
+                assert v not in seen or v in done, f"recursion through {v} in {src}"
+                if v in seen:
+                    return
+                seen.add(v)
+                for w in succ.get(v, ()):
+                    visit(w)
+                done.add(v)
+            for v in list(succ):
+                visit(v)
+
+
+@pytest.mark.kunit
+def test_kunit_uml_detects_a_flipped_bit(compiled, tmp_path):
+    """The harness must fail when module and golden vector differ by one
+    bit (here the golden side is corrupted; the model is unchanged)."""
+    import shutil
+
+    bad = tmp_path / "readahead"
+    shutil.copytree(compiled["readahead"], bad)
+    src = bad / "kunit" / "readahead_kunit.c"
+    text = src.read_text()
+    m = re.search(r"\.out = \{\s*0x([0-9a-f]{8})", text)
+    flipped = f"0x{int(m.group(1), 16) ^ 1:08x}"
+    src.write_text(text[:m.start(1) - 2] + flipped + text[m.end(1):])
+    res = kunit.run([bad], arch="um")
+    assert not res["ok"]
+    assert res["suites"]["kml_readahead"]["failed"] == 1
+    assert res["suites"]["kml_readahead"]["passed"] == GOLDEN  # 63 vectors + bad args
 
 
 @pytest.mark.kunit
