@@ -58,6 +58,9 @@ def build_module(moddir: Path, *, kdir=None, llvm: bool = False) -> Path:
         raise KmlcError("no Kbuild here; compile with --target kernel (or all)",
                         where=str(moddir))
     k = find_kdir(kdir)
+    if llvm and kernel_config(k).get("CONFIG_CC_IS_GCC") == "y":
+        raise KmlcError(f"{k} was configured for gcc (CONFIG_CC_IS_GCC=y), so LLVM=1 cannot "
+                        "build against it; pass --kdir with a kernel tree configured with clang")
     res = subprocess.run(make_command(k, moddir, llvm=llvm) + ["modules"],
                          capture_output=True, text=True)
     log = res.stdout + res.stderr
@@ -73,6 +76,18 @@ def build_module(moddir: Path, *, kdir=None, llvm: bool = False) -> Path:
     if not kos:
         raise KmlcError("module build produced no .ko", where=str(moddir))
     return kos[0]
+
+
+def kernel_config(kdir: Path) -> dict[str, str]:
+    """The build directory's configuration (include/config/auto.conf)."""
+    conf = Path(kdir) / "include" / "config" / "auto.conf"
+    out = {}
+    if conf.is_file():
+        for ln in conf.read_text().splitlines():
+            if ln.startswith("CONFIG_") and "=" in ln:
+                k, v = ln.split("=", 1)
+                out[k] = v
+    return out
 
 
 def undefined_symbols(ko: Path) -> list[str]:

@@ -131,6 +131,7 @@ def test_failed_recompile_keeps_previous_output(tmp_path):
     (["run", "{tmp}", "--input", "{bad}", "--output", "{y}"], ["kmlc.json"]),
     (["build", "{tmp}"], ["no Kbuild"]),
     (["build", "{out}", "--kdir", "{tmp}"], ["not a kernel build directory"]),
+    (["build", "{out}", "--llvm"], ["configured for gcc", "LLVM=1"]),
 ])
 def test_cli_usage_errors(tmp_path, args, words):
     onnx.save(mlp_model([4, 3, 2]), tmp_path / "m.onnx")
