@@ -19,13 +19,14 @@ from typing import Callable
 import numpy as np
 
 from . import __version__
+from .calibrate import check_rows
 from .errors import KmlcError
 from .passes import banner, run_pipeline
 from .schedule import Program
 
 TARGETS = ("kernel", "user", "kunit")
-NUMERICS = ("float",)
-RESERVED_NAMES = {"kml_types", "kml_math", "kml_fpu", "kml_user_fpu"}
+NUMERICS = ("float", "fixed")
+RESERVED_NAMES = {"kml_types", "kml_math", "kml_fpu", "kml_user_fpu", "kml_fixed", "kml_lut"}
 DEFAULT_MAX_WEIGHT_BYTES = 1 << 20      # 1 MiB of static const data in the module
 DEFAULT_MAX_WORKSPACE_BYTES = 64 << 10  # 64 KiB the caller must provide per call
 DEFAULT_GOLDEN_COUNT = 64
@@ -97,17 +98,23 @@ def check_budget(prog: Program, max_weight_bytes: int, max_workspace_bytes: int)
 
 
 def lower_model(model, *, name: str | None = None, numerics: str = "float",
-                print_after: Callable[[str, str], None] | None = None) -> Program:
+                print_after: Callable[[str, str], None] | None = None,
+                calibration: np.ndarray | None = None, weight_bits: str = "auto",
+                input_frac_bits: list[int] | None = None) -> Program:
     """Frontend and passes: an ONNX model (path or ModelProto) to a planned
-    program."""
+    program.  Fixed point needs ``calibration`` rows."""
     from .frontends import onnx as onnx_frontend
+    from .passes.quantize import QuantOptions
 
     if numerics not in NUMERICS:
         raise KmlcError(f"--numerics {numerics} is not available in this kmlc "
                         f"(available: {', '.join(NUMERICS)})")
+    if numerics == "float" and calibration is not None:
+        raise KmlcError("--calibration is only used with --numerics fixed")
     graph = onnx_frontend.load(model, name=check_name(name) if name else None)
     check_name(graph.name)
-    return run_pipeline(graph, numerics, print_after)
+    return run_pipeline(graph, numerics, print_after, calibration,
+                        QuantOptions(str(weight_bits), input_frac_bits))
 
 
 def compile(model, outdir, *, targets="all", name: str | None = None, numerics: str = "float",
@@ -115,15 +122,20 @@ def compile(model, outdir, *, targets="all", name: str | None = None, numerics: 
             golden_data: np.ndarray | None = None, golden_count: int = DEFAULT_GOLDEN_COUNT,
             seed: int = 0, max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
             max_workspace_bytes: int = DEFAULT_MAX_WORKSPACE_BYTES,
-            cc: str | None = None) -> CompileResult:
-    """Compile ``model`` (an ONNX path or ModelProto) into ``outdir``."""
+            cc: str | None = None, calibration: np.ndarray | None = None,
+            weight_bits: str = "auto", input_frac_bits: list[int] | None = None
+            ) -> CompileResult:
+    """Compile ``model`` (an ONNX path or ModelProto) into ``outdir``;
+    ``numerics="fixed"`` needs ``calibration`` rows (N, in_elems)."""
     from .codegen import emit
     from .targets import user
 
     targets = normalize_targets(targets)
     outdir = Path(outdir)
     _check_outdir(outdir)
-    prog = lower_model(model, name=name, numerics=numerics, print_after=print_after)
+    prog = lower_model(model, name=name, numerics=numerics, print_after=print_after,
+                       calibration=calibration, weight_bits=weight_bits,
+                       input_frac_bits=input_frac_bits)
     check_budget(prog, max_weight_bytes, max_workspace_bytes)
     raw, source = _model_bytes(model)
     sha = hashlib.sha256(raw).hexdigest()
@@ -141,9 +153,12 @@ def compile(model, outdir, *, targets="all", name: str | None = None, numerics: 
         goldens = None
         if "kunit" in targets:
             if golden_data is not None:
-                golden_data = _check_rows(golden_data, prog.in_elems, "golden data")
-            xs = golden_inputs(prog.in_elems, golden_count, seed, golden_data)
-            goldens = (xs, user.Twin(tmp, so=so).run(xs))
+                golden_data = check_rows(golden_data, prog.in_elems, "golden data")
+            twin = user.Twin(tmp, so=so)
+            xs = twin.encode(golden_inputs(prog.in_elems, golden_count, seed, golden_data))
+            if prog.numerics == "fixed":  # the clamps must hold for any int32 input
+                xs[-3:] = np.array([-2**31, 2**31 - 1, 0], dtype=np.int32)[:, None]
+            goldens = (xs, twin.run_raw(xs))
         _write(tmp, render(targets, goldens))
         if "user" not in targets:
             shutil.rmtree(twin_dir)
@@ -165,15 +180,6 @@ def load(outdir):
 
 
 # --------------------------------------------------------------------------
-
-def _check_rows(x: np.ndarray, in_elems: int, what: str) -> np.ndarray:
-    x = np.asarray(x)
-    if x.ndim != 2 or x.shape[1] != in_elems or x.shape[0] == 0:
-        raise KmlcError(f"{what} has shape {tuple(x.shape)}; expected (N, {in_elems}) rows")
-    if not np.issubdtype(x.dtype, np.floating) or not np.all(np.isfinite(x)):
-        raise KmlcError(f"{what} must hold finite floating-point values")
-    return x.astype(np.float32)
-
 
 def _check_outdir(outdir: Path) -> None:
     if outdir.exists() and not outdir.is_dir():
@@ -213,6 +219,8 @@ def _replace(tmp: Path, outdir: Path) -> None:
 
 
 def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> dict:
+    from .codegen.emit import fixed_interface
+
     port = lambda p: {"name": p.name, "shape": list(p.type.shape),  # noqa: E731
                       "dtype": p.type.dtype.name, "offset": p.buffer.offset,
                       "elems": p.buffer.numel}
@@ -232,8 +240,17 @@ def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> di
         "peak_live_bytes": prog.plan.peak_bytes,
         "kernels": len(prog.kernels),
         "golden_vectors": 0 if goldens is None else int(len(goldens[0])),
+        "fixed": fixed_interface(prog),
     }
 
 
 def _report(prog: Program) -> str:
-    return "\n".join([banner("lower"), str(prog), "", banner("plan-memory"), str(prog.plan), ""])
+    parts = [banner("lower"), str(prog), "", banner("plan-memory"), str(prog.plan), ""]
+    q = prog.quant
+    if q is not None:
+        parts += ["fixed point: calibrated on %d rows" % q.calibration_rows,
+                  "  weight bits per layer: " + ", ".join(f"{k}: {v}" for k, v in
+                                                         q.weight_bits.items()),
+                  "  SQNR with int8 weights (dB): " + ", ".join(
+                      f"{k}: {v:.1f}" for k, v in q.sqnr_int8.items()), ""]
+    return "\n".join(parts)

@@ -28,6 +28,15 @@ def _load_npy(path: str, what: str) -> np.ndarray:
         raise KmlcError(f"cannot read {what} as .npy ({e})", where=path) from None
 
 
+def _int_list(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise KmlcError(f"--input-frac-bits takes integers separated by commas, not '{text}'")
+
+
 def _print_stage(stage: str, text: str, err: bool = True) -> None:
     from .passes import banner
 
@@ -49,8 +58,15 @@ def cli():
 @click.option("--target", "targets", multiple=True, default=["all"], show_default=True,
               help="kernel, user, kunit or all; repeat or comma-separate.")
 @click.option("--name", help="Model name (C identifier); default: the file name.")
-@click.option("--numerics", default="float", show_default=True, type=click.Choice(["float"]),
-              help="float: f32 in an FPU section.")
+@click.option("--numerics", default="float", show_default=True,
+              type=click.Choice(["float", "fixed"]),
+              help="float: f32 in an FPU section; fixed: integers only (needs --calibration).")
+@click.option("--calibration", type=click.Path(dir_okay=False),
+              help="Rows (N, in_elems) .npy of realistic inputs, for --numerics fixed.")
+@click.option("--weight-bits", default="auto", show_default=True,
+              type=click.Choice(["auto", "8", "16"]), help="Fixed point: weight width per layer.")
+@click.option("--input-frac-bits", help="Fixed point: fraction bits of the int32 inputs, one "
+              "value or one per input element (default: chosen from the calibration range).")
 @click.option("--print-after-all", is_flag=True, help="Print the IR after every pass (stderr).")
 @click.option("--golden-data", type=click.Path(dir_okay=False),
               help="Rows (N, in_elems) .npy to use as KUnit golden inputs.")
@@ -58,16 +74,19 @@ def cli():
 @click.option("--seed", default=0, show_default=True, help="Seed for random golden inputs.")
 @click.option("--max-weight-bytes", default=1 << 20, show_default=True, type=int)
 @click.option("--max-workspace-bytes", default=64 << 10, show_default=True, type=int)
-def compile_cmd(model, outdir, targets, name, numerics, print_after_all, golden_data,
-                golden_count, seed, max_weight_bytes, max_workspace_bytes):
+def compile_cmd(model, outdir, targets, name, numerics, calibration, weight_bits,
+                input_frac_bits, print_after_all, golden_data, golden_count, seed,
+                max_weight_bytes, max_workspace_bytes):
     """Compile MODEL (.onnx) into OUTDIR: kernel/, user/, kunit/."""
     from .api import compile as kcompile
 
     data = _load_npy(golden_data, "golden data") if golden_data else None
+    cal = _load_npy(calibration, "calibration data") if calibration else None
     r = kcompile(model, outdir, targets=targets, name=name, numerics=numerics,
                  print_after=_print_stage if print_after_all else None, golden_data=data,
                  golden_count=golden_count, seed=seed, max_weight_bytes=max_weight_bytes,
-                 max_workspace_bytes=max_workspace_bytes)
+                 max_workspace_bytes=max_workspace_bytes, calibration=cal,
+                 weight_bits=weight_bits, input_frac_bits=_int_list(input_frac_bits))
     m = r.manifest
     click.echo(f"kmlc: compiled {m['name']} ({m['numerics']}): {m['in_elems']} -> "
                f"{m['out_elems']} values, {m['kernels']} kernels, weights {m['weight_bytes']} B, "
@@ -77,11 +96,17 @@ def compile_cmd(model, outdir, targets, name, numerics, print_after_all, golden_
 @cli.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--name", help="Model name; default: the file name.")
-def inspect(model, name):
+@click.option("--numerics", default="float", show_default=True,
+              type=click.Choice(["float", "fixed"]))
+@click.option("--calibration", type=click.Path(dir_okay=False),
+              help="Rows .npy, for --numerics fixed.")
+def inspect(model, name, numerics, calibration):
     """Print MODEL's IR after every pass, its schedule and its memory plan."""
     from .api import lower_model
 
-    lower_model(model, name=name, print_after=lambda s, t: _print_stage(s, t, err=False))
+    cal = _load_npy(calibration, "calibration data") if calibration else None
+    lower_model(model, name=name, numerics=numerics, calibration=cal,
+                print_after=lambda s, t: _print_stage(s, t, err=False))
 
 
 @cli.command()
@@ -114,7 +139,7 @@ def run(outdir, input_, output):
                         f"{twin.in_elems} values: shape (N, {twin.in_elems})", where=input_)
     if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
         raise KmlcError(f"has dtype {x.dtype}; expected float32", where=input_)
-    y = twin.run(x.astype(np.float32))
+    y = twin.run(x.astype(np.float32))  # fixed point: encoded, run, dequantized
     np.save(output, y)
     click.echo(f"kmlc: {x.shape[0]} rows -> {output} {tuple(y.shape)}")
 
@@ -125,13 +150,35 @@ def run(outdir, input_, output):
               help="Input rows (N, in_elems) .npy; default: random normal rows.")
 @click.option("--samples", default=1000, show_default=True, type=click.IntRange(1))
 @click.option("--seed", default=0, show_default=True)
-@click.option("--atol", default=1e-5, show_default=True)
-@click.option("--rtol", default=1e-5, show_default=True)
-def verify(model, data, samples, seed, atol, rtol):
-    """Compare MODEL's twin with onnxruntime; fails past the tolerance."""
-    from .verify import verify_model
+@click.option("--atol", default=1e-5, show_default=True, help="Float: absolute tolerance.")
+@click.option("--rtol", default=1e-5, show_default=True, help="Float: relative tolerance.")
+@click.option("--numerics", default="float", show_default=True,
+              type=click.Choice(["float", "fixed"]))
+@click.option("--calibration", type=click.Path(dir_okay=False),
+              help="Fixed: calibration rows .npy.")
+@click.option("--weight-bits", default="auto", show_default=True,
+              type=click.Choice(["auto", "8", "16"]))
+@click.option("--min-agreement", default=99.0, show_default=True,
+              help="Fixed: decision agreement with the float model, percent.")
+@click.option("--min-sqnr", default=30.0, show_default=True, help="Fixed: output SQNR, dB.")
+def verify(model, data, samples, seed, atol, rtol, numerics, calibration, weight_bits,
+           min_agreement, min_sqnr):
+    """Compare MODEL's twin with onnxruntime; fails past the documented bounds."""
+    from .verify import verify_fixed, verify_model
 
     x = _load_npy(data, "data") if data else None
+    if numerics == "fixed":
+        if calibration is None or x is None:
+            raise KmlcError("verify --numerics fixed needs --calibration C.npy and --data T.npy "
+                            "(held-out rows)")
+        rep = verify_fixed(model, calibration=_load_npy(calibration, "calibration data"),
+                           data=x, min_agreement=min_agreement, min_sqnr=min_sqnr,
+                           weight_bits=weight_bits)
+        click.echo(rep.text())
+        if not rep.ok:
+            raise KmlcError("the fixed-point model departs from the float model beyond "
+                            f"{min_agreement:g}% agreement or {min_sqnr:g} dB SQNR")
+        return
     rep = verify_model(model, data=x, samples=samples, seed=seed, atol=atol, rtol=rtol)
     click.echo(rep.text())
     if not rep.ok:

@@ -38,7 +38,9 @@ I64 = DType("i64", np.int64, "s64")
 I32 = DType("i32", np.int32, "s32")
 I16 = DType("i16", np.int16, "s16")
 I8 = DType("i8", np.int8, "s8")
-DTYPES = {d.name: d for d in (F32, I64, I32, I16, I8)}
+U8 = DType("u8", np.uint8, "u8")
+U32 = DType("u32", np.uint32, "u32")
+DTYPES = {d.name: d for d in (F32, I64, I32, I16, I8, U8, U32)}
 
 
 def dtype_of(array: np.ndarray) -> DType:
@@ -117,6 +119,8 @@ class Graph:
     ops: list[Op]
     # Names the graph's inputs and outputs had in the source model.
     source_names: dict[Value, str] = field(default_factory=dict)
+    # Proven integer range of every value (passes/bound_ranges.py).
+    intervals: dict[Value, tuple[int, int]] = field(default_factory=dict)
 
     def producers(self) -> dict[Value, Op]:
         return {v: op for op in self.ops for v in op.outputs}
@@ -161,7 +165,11 @@ def _fmt_scalar(x) -> str:
 
 
 def fmt_attr(v) -> str:
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
     if isinstance(v, (list, tuple)):
+        if len(v) > 8 and not any(isinstance(x, (list, tuple, dict)) for x in v):
+            return f"[{fmt_attr(v[0])}, {fmt_attr(v[1])}, ... {len(v)} values]"
         return "[" + ", ".join(fmt_attr(x) for x in v) + "]"
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k} = {fmt_attr(x)}" for k, x in v.items()) + "}"

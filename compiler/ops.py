@@ -33,8 +33,8 @@ from typing import Callable
 
 import numpy as np
 
-from . import fmath
-from .ir import F32, I64, Graph, IRError, TensorType, Value
+from . import fmath, qmath
+from .ir import F32, I16, I32, I64, Graph, IRError, TensorType, Value
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ OPS["softmax"] = OpDef("softmax", _softmax_infer,
 
 def _argmax_infer(types, attrs):
     _need(len(types) == 1, "takes 1 operand")
-    _f32_only(types)
+    _need(types[0].dtype in (F32, I16), f"argmax of {types[0]}")
     shape = list(types[0].shape)
     axis = _axis(attrs, len(shape))
     if attrs["keepdims"]:
@@ -303,10 +303,109 @@ def _dense_eval(xs, attrs):
 OPS["dense"] = OpDef("dense", _dense_infer, _dense_eval)
 
 
+# ---- fixed point ---------------------------------------------------------------
+# Integer ops made by passes/quantize.py; passes/bound_ranges.py then proves
+# their ranges and sets the integer multipliers (mult, shift) the evaluators
+# and the C use.  Every evaluator is kml_fixed.h's arithmetic via kmlc.qmath.
+#
+#   qinput (x: i32) {lo, hi, center, shift}        per element of x:
+#       y = clamp(round_shift(clamp(x, lo, hi) - center, shift), -32768, 32767)
+#   qdense (x: i16, w [N, K] i8|i16, b [N] i32|i64) {acc, mode, mult, shift, ...}
+#       acc[n] = b[n] + x[0]*w[n,0] + x[1]*w[n,1] + ...   (exact integers)
+#       mode clamp: y = clamp(requant(acc, mult[n], shift[n]) + zp, lo, hi), and
+#                   with mult_neg/shift_neg, acc < 0 uses those (leaky relu)
+#       mode lut:   y = f_q15(clamp(requant(acc, mult[n], shift[n]), s32))
+#   qact (x: i16) {mode, zp, ...}
+#       clamp: y = clamp(x, lo, hi)
+#       leaky: y = x >= zp ? x : clamp(zp + requant(x - zp, mult, shift), i16)
+#       lut:   y = f_q15(clamp(requant(x - zp, mult, shift), s32))
+#   qsoftmax (x: i16) {axis, mult, shift}: Q0.15 probabilities, see kml_fixed.h
+# All results are i16.
+
+S32 = (-(2**31), 2**31 - 1)
+S16 = (-32768, 32767)
+
+
+def _q_infer(dtype_in):
+    def infer(types, attrs):
+        _need(types[0].dtype == dtype_in, f"operand type {types[0]} is not {dtype_in}")
+        return [TensorType(I16, tuple(attrs.get("shape", types[0].shape)))]
+    return infer
+
+
+def _qinput_eval(xs, attrs):
+    x = xs[0].reshape(-1).astype(np.int64)
+    v = qmath.clamp(x, np.array(attrs["lo"]), np.array(attrs["hi"])) - np.array(attrs["center"])
+    y = qmath.round_shift(v, np.array(attrs["shift"]))
+    return [qmath.clamp(y, *S16).reshape(xs[0].shape)]
+
+
+def _activate(v: np.ndarray, attrs: dict, mult, shift, mult_neg=None, shift_neg=None):
+    """Requantize accumulators ``v`` and apply the op's output stage."""
+    if attrs["mode"] == "lut":
+        r = qmath.clamp(qmath.requant(v, mult, shift), *S32)
+        return qmath.LUT_EVAL[attrs["fn"]](r)
+    r = qmath.requant(v, mult, shift)
+    if mult_neg is not None:
+        r = np.where(v < 0, qmath.requant(v, mult_neg, shift_neg), r)
+    return qmath.clamp(r + attrs["zp"], attrs["lo"], attrs["hi"])
+
+
+def _qdense_eval(xs, attrs):
+    x, w = xs[0].reshape(-1).astype(np.int64), xs[1].astype(np.int64)
+    acc = xs[2].astype(np.int64) if len(xs) == 3 else np.zeros(w.shape[0], np.int64)
+    for k in range(w.shape[1]):
+        acc = acc + x[k] * w[:, k]
+    neg = (np.array(attrs["mult_neg"]), np.array(attrs["shift_neg"])) \
+        if "mult_neg" in attrs else (None, None)
+    y = _activate(acc, attrs, np.array(attrs["mult"]), np.array(attrs["shift"]), *neg)
+    return [y.reshape(attrs["shape"])]
+
+
+def _qdense_infer(types, attrs):
+    x, w = types[0], types[1]
+    _need(x.dtype == I16, f"qdense input {x} is not i16")
+    _need(len(w.shape) == 2 and w.shape[1] == x.numel, f"qdense weight {w} vs input {x}")
+    return [TensorType(I16, tuple(attrs["shape"]))]
+
+
+def _qact_eval(xs, attrs):
+    x = xs[0].astype(np.int64)
+    if attrs["mode"] == "clamp":
+        return [qmath.clamp(x, attrs["lo"], attrs["hi"])]
+    if attrs["mode"] == "leaky":
+        r = attrs["zp"] + qmath.requant(x - attrs["zp"], attrs["mult"], attrs["shift"])
+        return [np.where(x >= attrs["zp"], x, qmath.clamp(r, *S16))]
+    return [_activate(x - attrs["zp"], attrs, attrs["mult"], attrs["shift"])]
+
+
+def _qsoftmax_eval(xs, attrs):
+    axis = _axis(attrs, xs[0].ndim)
+    x = np.moveaxis(xs[0].astype(np.int64), axis, -1)
+    m = x.max(axis=-1, keepdims=True)
+    d = qmath.clamp(qmath.requant(x - m, attrs["mult"], attrs["shift"]), -32768, 0)
+    e = qmath.exp_q15(d)
+    s = e.sum(axis=-1, keepdims=True)
+    y = np.minimum((e * 32768 + s // 2) // s, 32767)
+    return [np.moveaxis(y, -1, axis)]
+
+
+OPS["qinput"] = OpDef("qinput", _q_infer(I32), _qinput_eval)
+OPS["qdense"] = OpDef("qdense", _qdense_infer, _qdense_eval)
+OPS["qact"] = OpDef("qact", _q_infer(I16), _qact_eval)
+OPS["qsoftmax"] = OpDef("qsoftmax", _q_infer(I16), _qsoftmax_eval)
+
+
 # ---- whole graphs -------------------------------------------------------------
 
 def interpret(g: Graph, *inputs: np.ndarray) -> list[np.ndarray]:
     """Run ``g`` on numpy inputs with the reference evaluator."""
+    env = run_all(g, *inputs)
+    return [v.data if v.is_const else env[v] for v in g.outputs]
+
+
+def run_all(g: Graph, *inputs: np.ndarray) -> dict[Value, np.ndarray]:
+    """Every value ``g`` computes for these inputs (the evaluator's trace)."""
     env: dict[Value, np.ndarray] = {}
     for v, x in zip(g.inputs, inputs, strict=True):
         env[v] = np.asarray(x, dtype=v.type.dtype.np).reshape(v.type.shape)
@@ -318,4 +417,4 @@ def interpret(g: Graph, *inputs: np.ndarray) -> list[np.ndarray]:
         outs = evaluate(op.kind, [get(v) for v in op.inputs], op.attrs)
         for v, y in zip(op.outputs, outs, strict=True):
             env[v] = np.asarray(y, dtype=v.type.dtype.np).reshape(v.type.shape)
-    return [get(v) for v in g.outputs]
+    return env

@@ -76,7 +76,8 @@ class Program:
     inputs: list[Port]
     outputs: list[Port]
     kernels: list[Kernel]
-    plan: object = None  # planner.MemoryPlan once planned
+    plan: object = None   # planner.MemoryPlan once planned
+    quant: object = None  # passes.quantize.QuantInfo for fixed-point programs
 
     def buffers(self, kind: str | None = None) -> list[Buffer]:
         seen: dict[Buffer, None] = {}

@@ -1,10 +1,18 @@
 """``kmlc verify``: the twin against onnxruntime, an independent oracle.
 
-A model passes when, on every row and every output element,
+Float models pass when, on every row and every output element,
 ``|twin - ort| <= atol + rtol * |ort|`` (defaults 1e-5 and 1e-5; NaN must
 meet NaN), and, for every output of two or more values, the twin's argmax
 equals onnxruntime's on every row whose top-2 gap in onnxruntime exceeds
-1e-4.  docs/numerics.md explains why these bounds hold for float models.
+1e-4.  docs/numerics.md explains why these bounds hold.
+
+Fixed-point models are approximations of the float model, so they are
+judged by what a policy uses: they pass when the decision agrees with
+onnxruntime's float result on at least ``min_agreement`` percent of the
+rows (argmax for outputs of two or more values; for a single value, the
+side of 0.5 for a probability output and of 0 otherwise), and the
+output's SQNR is at least ``min_sqnr`` dB.  The report adds the max and
+mean output error and the SQNR of every layer.
 """
 from __future__ import annotations
 
@@ -106,13 +114,14 @@ def compare(prog, y: np.ndarray, ref: np.ndarray, atol: float, rtol: float,
 
 def verify_model(model, *, data: np.ndarray | None = None, samples: int = 1000, seed: int = 0,
                  atol: float = 1e-5, rtol: float = 1e-5) -> VerifyReport:
-    from .api import _check_rows, compile, load
+    from .api import compile, load
+    from .calibrate import check_rows
 
     with tempfile.TemporaryDirectory(prefix="kmlc-verify-") as d:
         res = compile(model, Path(d) / "out", targets="user")
         twin = load(Path(d) / "out")
         if data is not None:
-            x = _check_rows(data, twin.in_elems, "data")
+            x = check_rows(data, twin.in_elems, "data")
         else:
             x = np.random.default_rng(seed).standard_normal((samples, twin.in_elems))
             x = x.astype(np.float32)
@@ -120,3 +129,111 @@ def verify_model(model, *, data: np.ndarray | None = None, samples: int = 1000, 
     ref = reference_outputs(model, res.program, x)
     name = model if isinstance(model, (str, Path)) else res.program.name
     return compare(res.program, y, ref, atol, rtol, str(name))
+
+
+MIN_AGREEMENT = 99.0  # percent, fixed point
+MIN_SQNR = 30.0       # dB, fixed point
+
+
+@dataclass
+class FixedReport:
+    model: str
+    rows: int
+    max_abs: float
+    mean_abs: float
+    agreement: dict        # output -> (agree, rows, how)
+    output_sqnr: dict      # output -> dB
+    layer_sqnr: list       # (layer, dB)
+    min_agreement: float
+    min_sqnr: float
+
+    @property
+    def ok(self) -> bool:
+        return all(100.0 * a / n >= self.min_agreement for a, n, _ in self.agreement.values()) \
+            and all(v >= self.min_sqnr for v in self.output_sqnr.values())
+
+    def text(self) -> str:
+        lines = [f"kmlc verify {self.model}: {self.rows} rows, fixed-point twin vs onnxruntime "
+                 "(float)",
+                 f"  output error: max {self.max_abs:.4g}, mean {self.mean_abs:.4g}"]
+        for name, (a, n, how) in self.agreement.items():
+            lines.append(f"  {how} agreement '{name}': {a}/{n} ({100.0 * a / n:.2f}%, "
+                         f"needs >= {self.min_agreement:g}%)")
+        for name, db in self.output_sqnr.items():
+            lines.append(f"  output SQNR '{name}': {db:.1f} dB (needs >= {self.min_sqnr:g} dB)")
+        lines.append("  per-layer SQNR (dB):")
+        for layer, db in self.layer_sqnr:
+            lines.append(f"    {db:7.1f}  {layer}")
+        lines.append("  PASS" if self.ok else "  FAIL")
+        return "\n".join(lines)
+
+
+def layer_sqnr(info, x_float: np.ndarray, x_raw: np.ndarray) -> list:
+    """SQNR of every quantized layer against the float layer it replaces,
+    both run by kmlc's reference evaluators on the same rows."""
+    from .ops import run_all
+    from .passes.quantize import sqnr_db
+
+    fg, ig = info.float_graph, info.int_graph
+    ref: dict = {}
+    got: dict = {}
+    for xf, xr in zip(x_float, x_raw):
+        fvals = run_all(fg, *_split(fg, xf))
+        ivals = run_all(ig, *_split(ig, xr))
+        for iv, fv in info.float_of.items():
+            if iv in info.params and iv in ivals:
+                q = info.params[iv]
+                ref.setdefault(iv, []).append(np.asarray(fvals[fv], np.float64).reshape(-1))
+                got.setdefault(iv, []).append((ivals[iv].astype(np.float64).reshape(-1) - q.zp)
+                                              * q.scale)
+    out = []
+    for op in ig.ops:
+        v = op.output
+        if v in ref and op.kind != "reshape":
+            out.append((f"{op.kind} {' + '.join(op.origin)}",
+                        sqnr_db(np.stack(ref[v]), np.stack(got[v]))))
+    return out
+
+
+def _split(g, row):
+    parts, off = [], 0
+    for v in g.inputs:
+        parts.append(row[off:off + v.type.numel].reshape(v.type.shape))
+        off += v.type.numel
+    return parts
+
+
+def verify_fixed(model, *, calibration: np.ndarray, data: np.ndarray,
+                 min_agreement: float = MIN_AGREEMENT, min_sqnr: float = MIN_SQNR,
+                 weight_bits: str = "auto") -> FixedReport:
+    from .api import compile, load
+    from .calibrate import check_rows
+    from .passes.quantize import sqnr_db
+
+    with tempfile.TemporaryDirectory(prefix="kmlc-verify-") as d:
+        res = compile(model, Path(d) / "out", targets="user", numerics="fixed",
+                      calibration=calibration, weight_bits=weight_bits)
+        twin = load(Path(d) / "out")
+        x = check_rows(data, twin.in_elems, "data")
+        raw = twin.encode(x)
+        y = twin.decode(twin.run_raw(raw))
+    prog = res.program
+    ref = reference_outputs(model, prog, x)
+    agreement, out_sqnr = {}, {}
+    for p, o in zip(prog.outputs, twin.fixed["outputs"]):
+        sl = slice(p.buffer.offset, p.buffer.offset + p.buffer.numel)
+        r, t = ref[:, sl], y[:, sl]
+        if o.get("index"):
+            agreement[p.name] = (int((r == t).all(axis=1).sum()), len(x), "class")
+            continue
+        if p.buffer.numel >= 2:
+            agree, how = np.argmax(r, axis=1) == np.argmax(t, axis=1), "argmax"
+        else:
+            cut = 0.5 if o.get("q15") else 0.0
+            agree, how = (r[:, 0] >= cut) == (t[:, 0] >= cut), f"decision (>= {cut:g})"
+        agreement[p.name] = (int(agree.sum()), len(x), how)
+        out_sqnr[p.name] = sqnr_db(r.astype(np.float64), t.astype(np.float64))
+    err = np.abs(y.astype(np.float64) - ref)
+    name = model if isinstance(model, (str, Path)) else prog.name
+    return FixedReport(str(name), len(x), float(err.max()), float(err.mean()), agreement,
+                       out_sqnr, layer_sqnr(prog.quant, x, raw), min_agreement, min_sqnr)

@@ -14,6 +14,7 @@ import jinja2
 import numpy as np
 
 from .. import __version__
+from ..ir import c_identifier
 from ..schedule import Buffer, Kernel, Program
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -105,7 +106,8 @@ def params(k: Kernel) -> str:
     for role, b in k.operands.items():
         if b.kind == "const":
             continue
-        out.append(f"float *restrict {role}" if role == "y" else f"const float *restrict {role}")
+        c = b.dtype.ctype
+        out.append(f"{c} *restrict {role}" if role == "y" else f"const {c} *restrict {role}")
     return ", ".join(out)
 
 
@@ -164,6 +166,30 @@ def matmul_view(k: Kernel) -> dict:
     return v
 
 
+def requant_call(acc: str, mult: str, shift: str) -> str:
+    return f"kml_requant({acc}, {mult}, {shift})"
+
+
+def q_output(p: dict, v: str, mult: str, shift: str, neg: tuple[str, str] | None = None) -> str:
+    """The output stage of a fixed-point kernel: requantize ``v``, then clamp
+    (with a zero point) or look up the nonlinearity."""
+    r = requant_call(v, mult, shift)
+    if p["mode"] == "lut":
+        return f"kml_{p['fn']}_q15(kml_sat_s32({r}))"
+    if neg is not None:
+        r = f"({v} < 0 ? {requant_call(v, *neg)} : {r})"
+    zp = p.get("zp", 0)
+    r = f"{r} + {zp}" if zp > 0 else (f"{r} - {-zp}" if zp < 0 else r)
+    return f"kml_clamp({r}, {p['lo']}, {p['hi']})"
+
+
+def qdense_epilogue(k: Kernel) -> str:
+    ops = k.operands
+    neg = (f"{ops['mult_neg'].name}[n]", f"{ops['shift_neg'].name}[n]") \
+        if "mult_neg" in ops else None
+    return q_output(k.params, "acc", f"{ops['mult'].name}[n]", f"{ops['shift'].name}[n]", neg)
+
+
 def loops_zero(p: dict) -> set[str]:
     """Softmax/argmax loop variables that have no loop (extent 1)."""
     return ({"o"} if p["outer"] == 1 else set()) | ({"q"} if p["inner"] == 1 else set())
@@ -173,15 +199,20 @@ def loop_vars(dims, prefix: str = "i") -> list[str]:
     return [prefix] if len(dims) == 1 else [f"{prefix}{d}" for d in range(len(dims))]
 
 
+def cvalue(x) -> str:
+    """A C literal for one array element: exact floats, plain integers."""
+    return cfloat(x) if isinstance(x, (float, np.floating)) else str(int(x))
+
+
 def initializer(data: np.ndarray, indent: int = 1) -> str:
     """Lines of a C initializer for ``data`` (1-D or 2-D), wrapped."""
     pad = "\t" * indent
     if data.ndim == 1:
-        text = ", ".join(cfloat(x) for x in data) + ","
+        text = ", ".join(cvalue(x) for x in data) + ","
         return "\n".join(pad + ln for ln in textwrap.wrap(text, LINE - 8 * indent))
     rows = []
     for row in data:
-        text = ", ".join(cfloat(x) for x in row)
+        text = ", ".join(cvalue(x) for x in row)
         parts = textwrap.wrap(text, LINE - 8 * (indent + 1))
         if len(parts) == 1:
             rows.append(f"{pad}{{ {parts[0]} }},")
@@ -193,7 +224,26 @@ def initializer(data: np.ndarray, indent: int = 1) -> str:
 
 
 def u32_hex(values: np.ndarray) -> list[str]:
-    return [f"0x{int(u):08x}" for u in np.asarray(values, np.float32).view(np.uint32).reshape(-1)]
+    """Bit patterns of float32 or int32 values, for golden vectors."""
+    a = np.asarray(values)
+    a = a.astype(np.float32) if a.dtype.kind == "f" else a.astype(np.int32)
+    return [f"0x{int(u):08x}" for u in a.view(np.uint32).reshape(-1)]
+
+
+def macro_init(values) -> str:
+    """``{ a, b, ... }`` for a #define, continued with backslashes if long."""
+    text = ", ".join(str(int(v)) for v in values)
+    lines = textwrap.wrap(text, LINE - 16)
+    if len(lines) == 1:
+        return "{ " + lines[0] + " }"
+    return "{ \\\n" + "".join("\t" + ln + " \\\n" for ln in lines) + "}"
+
+
+def const_layout(b: Buffer) -> str:
+    rows, cols = b.data.shape
+    if b.dtype.name == "f32":
+        return f"{rows} inputs x {cols} outputs, row k holds input k's weights"
+    return f"{rows} outputs x {cols} inputs, row n holds output n's weights"
 
 
 def wrap_list(items: list[str], indent: int) -> str:
@@ -206,10 +256,12 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined)
-    env.filters.update(nest=nest, cfloat=cfloat, wrap_list=wrap_list, cwrap=cwrap)
+    env.filters.update(nest=nest, cfloat=cfloat, wrap_list=wrap_list, cwrap=cwrap,
+                       macro_init=macro_init)
     env.globals.update(cfloat=cfloat, idx=idx, at=at, act_call=act_call, params=params,
                        arg=arg, matmul_view=matmul_view, loop_vars=loop_vars, loops_zero=loops_zero,
                        initializer=initializer, u32_hex=u32_hex, version=__version__,
+                       const_layout=const_layout, macro=macro, qdense_epilogue=qdense_epilogue, q_output=q_output,
                        zip=zip, enumerate=enumerate)
     return env
 
@@ -218,15 +270,45 @@ def environment() -> jinja2.Environment:
 # Files per target
 # --------------------------------------------------------------------------
 
+def macro(name: str) -> str:
+    """A source tensor name as part of a C macro name."""
+    return c_identifier(name, "T").upper()
+
+
+def core_name(prog: Program) -> str:
+    """The model's math translation unit: <name>_fp (float) or <name>_fx."""
+    return f"{prog.name}_{'fp' if prog.numerics == 'float' else 'fx'}"
+
+
+def fixed_interface(prog: Program) -> dict | None:
+    """The fixed-point encoding of inputs and outputs, in port order."""
+    q = prog.quant
+    if q is None:
+        return None
+    enc = {"frac_bits": [], "lo": [], "hi": [], "outputs": []}
+    for p in prog.inputs:
+        for key in ("frac_bits", "lo", "hi"):
+            enc[key] += q.inputs[p.buffer.value][key]
+    for p in prog.outputs:
+        enc["outputs"].append(dict(q.outputs[p.buffer.value], name=p.name, macro=macro(p.name)))
+    return enc
+
+
 def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
     name = prog.name
+    fixed = prog.numerics == "fixed"
+    luts = sorted({f"KML_LUT_{k.params['fn'].upper()}" for k in prog.kernels
+                   if k.params.get("mode") == "lut"}
+                  | ({"KML_LUT_EXP"} if any(k.kind == "qsoftmax" for k in prog.kernels)
+                     else set()))
     return {
         "prog": prog, "name": name, "NAME": name.upper(), "module": f"kml_{name}",
         "source": source, "sha256": sha256, "plan": prog.plan,
         "temps": sorted(prog.buffers("temp"), key=lambda b: b.offset),
         "consts": prog.buffers("const"),
         "live": {r.name: (r.start, r.end) for r in prog.plan.requests},
-        "user_cflags": user_cflags,
+        "user_cflags": user_cflags, "fixed": fixed, "core": core_name(prog),
+        "io": "s32" if fixed else "float", "luts": luts, "encoding": fixed_interface(prog),
     }
 
 
@@ -236,7 +318,7 @@ def model_sources(env, ctx) -> dict[str, str]:
     return {
         f"{n}.h": env.get_template("model.h.j2").render(ctx),
         f"{n}.c": env.get_template("model.c.j2").render(ctx),
-        f"{n}_fp.c": env.get_template("model_fp.c.j2").render(ctx),
+        f"{ctx['core']}.c": env.get_template("model_core.c.j2").render(ctx),
     }
 
 

@@ -5,23 +5,40 @@ guarantees.  Graph passes map Graph -> Graph and the verifier runs after
 each; ``lower`` maps the graph to a ``schedule.Program`` and the planner
 then assigns workspace offsets.  ``print_after`` receives the printed form
 after every stage, like MLIR's --mlir-print-ir-after-all.
+
+--numerics fixed adds, after the shared graph passes: fold-affine and
+fold-softmax-argmax (rewrites that are exact in real arithmetic), then
+calibration on the user's data, quantize (float graph -> integer graph) and
+bound-ranges (the overflow proof, which also fixes the integer multipliers).
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from ..ir import Graph, verify
+import numpy as np
+
+from ..errors import KmlcError
+from ..ir import Graph, fmt_attr, verify
 from ..planner import plan
 from ..schedule import Program
+from .bound_ranges import bound_ranges
 from .eliminate_dead import eliminate_dead
+from .fold_affine import fold_affine
 from .fold_constants import fold_constants
+from .fold_softmax_argmax import fold_softmax_argmax
 from .fuse_dense import fuse_dense
 from .lower import lower
+from .quantize import QuantOptions, quantize
 
 GRAPH_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fold-constants", fold_constants),
     ("eliminate-dead", eliminate_dead),
     ("fuse-dense", fuse_dense),
+    ("eliminate-dead", eliminate_dead),
+]
+FIXED_GRAPH_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
+    ("fold-affine", fold_affine),
+    ("fold-softmax-argmax", fold_softmax_argmax),
     ("eliminate-dead", eliminate_dead),
 ]
 
@@ -30,14 +47,44 @@ def banner(stage: str) -> str:
     return f"// -----// IR Dump After {stage} //----- //"
 
 
+def _proof_report(g: Graph) -> str:
+    lines = [str(g), "", "proven ranges:"]
+    for op in g.ops:
+        lo, hi = g.intervals[op.output]
+        extra = ""
+        if op.kind == "qdense":
+            extra = f"  accumulator {op.attrs['acc']}, |acc| <= {op.attrs['acc_bound']}"
+        lines.append(f"  %{op.output.name}: [{lo}, {hi}]{extra}")
+    return "\n".join(lines)
+
+
 def run_pipeline(g: Graph, numerics: str = "float",
-                 print_after: Callable[[str, str], None] | None = None) -> Program:
+                 print_after: Callable[[str, str], None] | None = None,
+                 calibration: np.ndarray | None = None,
+                 quant: QuantOptions | None = None) -> Program:
     emit = print_after or (lambda stage, text: None)
     emit("import", str(verify(g)))
-    for name, fn in GRAPH_PASSES:
+    passes = GRAPH_PASSES + (FIXED_GRAPH_PASSES if numerics == "fixed" else [])
+    for name, fn in passes:
         g = verify(fn(g))
         emit(name, str(g))
+    info = None
+    if numerics == "fixed":
+        from ..calibrate import calibrate
+
+        if calibration is None:
+            raise KmlcError("--numerics fixed needs --calibration DATA.npy: rows like `kmlc run` "
+                            "input, from which kmlc learns every tensor's range")
+        cal = calibrate(g, calibration)
+        float_graph = g
+        g, info = quantize(g, cal, quant)
+        info.float_graph, info.calibration_rows = float_graph, cal.rows
+        emit("quantize", str(verify(g)) + "\n\nweight bits: " + fmt_attr(info.weight_bits))
+        g = verify(bound_ranges(g))
+        info.int_graph = g
+        emit("bound-ranges", _proof_report(g))
     prog = lower(g, numerics)
+    prog.quant = info
     emit("lower", str(prog))
     prog = plan(prog)
     emit("plan-memory", str(prog.plan))

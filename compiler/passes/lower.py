@@ -13,15 +13,16 @@ Guarantees:
   * no kernel writes a buffer it also reads, so templates may accumulate in
     their output;
   * every C identifier is unique within the model and prefixed by its role
-    (``w_`` constants, ``t_`` workspace buffers, ``k<i>_`` kernel functions),
-    so none can collide with C keywords, kernel macros or template locals.
+    (``k<i>_`` kernel functions and the constants kernel i introduces, such as
+    ``k2_w`` and ``k2_bias``; ``t_`` workspace buffers), so none can collide
+    with C keywords, kernel macros or template locals.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import KmlcError
-from ..ir import F32, Graph, Value, c_identifier, fresh_namer
+from ..ir import F32, I32, U8, U32, Graph, Value, c_identifier, fresh_namer
 from ..schedule import Buffer, Kernel, Port, Program
 
 C_RESERVED = {
@@ -70,31 +71,46 @@ class _Lowering:
     def __init__(self, g: Graph, numerics: str):
         self.g = g
         self.numerics = numerics
+        self.io = F32 if numerics == "float" else I32  # element type of in[] and out[]
         self.cname = fresh_namer(taken=C_RESERVED)
         self.buf: dict[Value, Buffer] = {}
         self.consts: dict[tuple, Buffer] = {}
         self.kernels: list[Kernel] = []
 
-    def const(self, v: Value, shape=None) -> Buffer:
+    def const(self, v: Value, role: str, shape=None, dtype=None) -> Buffer:
+        """``v``'s data as a static array, in C declaration ``shape``, named
+        after the kernel about to use it (``k3_w``); the comment above its
+        definition names the IR value it holds."""
         shape = tuple(shape or (v.type.numel,))
-        key = (v, shape)
+        dtype = dtype or v.type.dtype
+        key = (v, shape, dtype)
         if key not in self.consts:
-            data = np.ascontiguousarray(v.data, dtype=np.float32).reshape(shape)
-            self.consts[key] = Buffer(self.cname(f"w_{v.name}"), F32, data.size,
-                                      "const", data, value=v.name)
+            data = np.ascontiguousarray(v.data, dtype=dtype.np).reshape(shape)
+            self.consts[key] = Buffer(self.cname(f"k{len(self.kernels)}_{role}"), dtype,
+                                      data.size, "const", data, value=v.name)
         return self.consts[key]
 
-    def operand(self, v: Value) -> Buffer:
-        return self.const(v) if v.is_const else self.buf[v]
+    def array(self, role: str, values, dtype) -> Buffer:
+        """A static array of per-channel parameters made by lowering itself."""
+        data = np.ascontiguousarray(values, dtype=dtype.np).reshape(-1)
+        return Buffer(self.cname(f"k{len(self.kernels)}_{role}"), dtype, data.size, "const",
+                      data, value=f"{role} of kernel k{len(self.kernels)}")
+
+    def operand(self, v: Value, role: str) -> Buffer:
+        if v.is_const:
+            return self.const(v, role, dtype=F32 if self.numerics == "float" else None)
+        return self.buf[v]
 
     def result(self, v: Value, outputs: dict[Value, Buffer]) -> Buffer:
-        b = outputs.get(v) or Buffer(self.cname(f"t_{v.name}"), F32, v.type.numel, "temp",
-                                     value=v.name)
+        b = outputs.get(v) or Buffer(self.cname(f"t_{v.name}"), v.type.dtype, v.type.numel,
+                                     "temp", value=v.name)
         self.buf[v] = b
         return b
 
     def kernel(self, kind, op, operands, **params) -> None:
-        tag = c_identifier(op.origin[0] if op.origin else op.kind, "op").lower()[:32]
+        main = next((o for o in op.origin if o.endswith(("(Gemm)", "(MatMul)"))),
+                    op.origin[0] if op.origin else op.kind)
+        tag = c_identifier(main, "op").lower()[:32]
         fn = self.cname(f"k{len(self.kernels)}_{tag}".rstrip("_"))
         self.kernels.append(Kernel(kind, fn, operands, params, op.origin))
 
@@ -108,21 +124,22 @@ class _Lowering:
         if kind == "dense":
             k, n = w.type.shape
             m = x.type.numel // k
-            ops = {"a": self.operand(x), "b": self.const(w, (k, n)) if w.is_const else self.buf[w]}
+            ops = {"a": self.operand(x, "a"),
+                   "b": self.const(w, "w", (k, n)) if w.is_const else self.buf[w]}
             p.update(a=(k, 1), b=(n, 1), c=None, act=op.attrs["act"],
                      act_params=op.attrs.get("act_params", {}), alpha=op.attrs.get("alpha"))
             if c is not None:
-                ops["c"] = self.operand(c)
+                ops["c"] = self.operand(c, "bias")
                 p["c"] = (0, 1) if c.type.shape == (n,) else (n, 1)
         elif kind == "gemm":
             m, n = op.output.type.shape
             ta, tb = op.attrs["transA"], op.attrs["transB"]
             k = x.type.shape[0] if ta else x.type.shape[1]
-            ops = {"a": self.operand(x), "b": self.operand(w)}
+            ops = {"a": self.operand(x, "a"), "b": self.operand(w, "w")}
             p.update(a=(1, m) if ta else (k, 1), b=(1, k) if tb else (n, 1), c=None,
                      alpha=op.attrs["alpha"] if op.attrs["alpha"] != 1.0 else None)
             if c is not None:
-                ops["c"] = self.operand(c)
+                ops["c"] = self.operand(c, "c")
                 p["c"] = tuple(broadcast_strides(c.type.shape, (m, n)))
                 p["beta"] = op.attrs["beta"] if op.attrs["beta"] != 1.0 else None
         else:  # matmul, numpy semantics
@@ -136,11 +153,26 @@ class _Lowering:
             sy_b = contiguous_strides(batch)
             p["batch"] = coalesce(batch, [s * m * k for s in sa_b], [s * k * n for s in sb_b],
                                   [s * m * n for s in sy_b])
-            ops = {"a": self.operand(x), "b": self.operand(w)}
+            ops = {"a": self.operand(x, "a"), "b": self.operand(w, "w")}
             p.update(a=(k, 1), b=(n, 1), c=None)
         ops["y"] = y
         order = "kn" if p["b"][1] == 1 and n >= 4 else "dot"
         self.kernel("matmul", op, ops, m=m, n=n, k=k, order=order, **p)
+
+    def qdense(self, op, y):
+        x, w, b = op.inputs
+        a = op.attrs
+        n, k = w.type.shape
+        ops = {"x": self.operand(x, "x"), "w": self.const(w, "w", (n, k)),
+               "b": self.const(b, "bias"), "mult": self.array("mult", a["mult"], U32),
+               "shift": self.array("shift", a["shift"], U8)}
+        if "mult_neg" in a:
+            ops["mult_neg"] = self.array("mult_neg", a["mult_neg"], U32)
+            ops["shift_neg"] = self.array("shift_neg", a["shift_neg"], U8)
+        ops["y"] = y
+        params = {key: a[key] for key in ("mode", "fn", "zp", "lo", "hi", "acc", "acc_bound")
+                  if key in a}
+        self.kernel("qdense", op, ops, n=n, k=k, **params)
 
     def binary(self, op, y):
         a, b = op.inputs
@@ -148,7 +180,7 @@ class _Lowering:
         dims = coalesce(shape, broadcast_strides(a.type.shape, shape),
                         broadcast_strides(b.type.shape, shape), contiguous_strides(shape))
         sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op.kind]
-        self.kernel("binary", op, {"a": self.operand(a), "b": self.operand(b), "y": y},
+        self.kernel("binary", op, {"a": self.operand(a, "a"), "b": self.operand(b, "b"), "y": y},
                     sym=sym, dims=dims)
 
     def axis_split(self, shape, axis):
@@ -167,7 +199,8 @@ class _Lowering:
 
         inputs, off = [], 0
         for v in g.inputs:
-            b = Buffer(self.cname(v.name), F32, v.type.numel, "input", offset=off, value=v.name)
+            b = Buffer(self.cname(v.name), self.io, v.type.numel, "input", offset=off,
+                       value=v.name)
             self.buf[v] = b
             inputs.append(Port(g.source_name(v), v.type, b))
             off += v.type.numel
@@ -175,7 +208,7 @@ class _Lowering:
         outputs, direct, copies, off = [], {}, [], 0
         for v in g.outputs:
             r = root(v)
-            b = Buffer(self.cname(f"out_{v.name}"), F32, v.type.numel, "output", offset=off,
+            b = Buffer(self.cname(f"out_{v.name}"), self.io, v.type.numel, "output", offset=off,
                        value=v.name)
             if r in g.inputs or r.is_const or r in direct:
                 copies.append((r, b))
@@ -187,7 +220,7 @@ class _Lowering:
         for op in g.ops:
             if op.kind == "reshape":
                 src = op.inputs[0]
-                self.buf[op.output] = self.const(src) if src.is_const else self.buf[src]
+                self.buf[op.output] = self.operand(src, "x")
                 continue
             y = self.result(op.output, direct)
             x = op.inputs[0]
@@ -196,20 +229,35 @@ class _Lowering:
             elif op.kind in ("add", "sub", "mul", "div"):
                 self.binary(op, y)
             elif op.kind in ("relu", "leaky_relu", "sigmoid", "tanh", "clip"):
-                self.kernel("map", op, {"x": self.operand(x), "y": y}, n=x.type.numel,
+                self.kernel("map", op, {"x": self.operand(x, "x"), "y": y}, n=x.type.numel,
                             act=op.kind, act_params=dict(op.attrs))
-            elif op.kind in ("softmax", "argmax"):
+            elif op.kind in ("softmax", "argmax", "qsoftmax"):
                 outer, n, inner = self.axis_split(x.type.shape, op.attrs["axis"])
                 extra = {"last": op.attrs["select_last_index"]} if op.kind == "argmax" else {}
-                self.kernel(op.kind, op, {"x": self.operand(x), "y": y}, outer=outer, n=n,
+                if op.kind == "qsoftmax":
+                    extra = {"mult": op.attrs["mult"], "shift": op.attrs["shift"]}
+                self.kernel(op.kind, op, {"x": self.operand(x, "x"), "y": y}, outer=outer, n=n,
                             inner=inner, **extra)
+            elif op.kind == "qinput":
+                a = op.attrs
+                self.kernel("qinput", op, {
+                    "x": self.operand(x, "x"), "lo": self.array("lo", a["lo"], I32),
+                    "hi": self.array("hi", a["hi"], I32),
+                    "center": self.array("center", a["center"], I32),
+                    "shift": self.array("shift", a["shift"], U8), "y": y},
+                    n=x.type.numel)
+            elif op.kind == "qdense":
+                self.qdense(op, y)
+            elif op.kind == "qact":
+                self.kernel("qact", op, {"x": self.operand(x, "x"), "y": y}, n=x.type.numel,
+                            **{k: v for k, v in op.attrs.items() if k != "scale"})
             else:
                 raise KmlcError(f"node '{', '.join(op.origin)}' ({op.kind}) computes on runtime "
                                 f"data; kmlc evaluates {op.kind} only at compile time, when all "
                                 "its inputs are constants")
 
         for r, b in copies:
-            src = self.const(r) if r.is_const else self.buf[r]
+            src = self.const(r, "x", dtype=self.io) if r.is_const else self.buf[r]
             self.kernels.append(Kernel("copy", self.cname(f"k{len(self.kernels)}_copy_{b.value}"),
                                        {"x": src, "y": b}, {"n": b.numel}, ("output copy",)))
         return Program(g.name, self.numerics, inputs, outputs, self.kernels)

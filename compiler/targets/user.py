@@ -1,6 +1,7 @@
 """User target: the twin as a shared library, and its Python binding.
 
-The twin is built from the same ``<name>.c`` and ``<name>_fp.c`` as the
+The twin is built from the same ``<name>.c`` and ``<name>_fp.c`` (or, for
+fixed point, ``<name>_fx.c``) as the
 kernel module, with the same determinism flags (docs/numerics.md), plus
 ``<name>_twin.c`` for batch calls.  ``Twin`` loads it with ctypes.
 """
@@ -33,8 +34,11 @@ def find_cc(cc: str | None = None) -> str:
                     "(the README's setup command does)")
 
 
-def sources(name: str) -> list[str]:
-    return [f"{name}.c", f"{name}_fp.c", f"{name}_twin.c"]
+def sources(userdir: Path, name: str) -> list[str]:
+    """Entry point, the model's math (<name>_fp.c float or <name>_fx.c
+    fixed) and the twin's batch entry."""
+    core = [f"{name}_{c}.c" for c in ("fp", "fx") if (userdir / f"{name}_{c}.c").is_file()]
+    return [f"{name}.c", *core, f"{name}_twin.c"]
 
 
 def build_twin(userdir: Path, name: str, *, cc: str | None = None, extra=(),
@@ -43,7 +47,7 @@ def build_twin(userdir: Path, name: str, *, cc: str | None = None, extra=(),
     kmlc bug and fails the build like an error does."""
     cc = find_cc(cc)
     so = Path(out or userdir / f"libkml_{name}.so").resolve()
-    cmd = [cc, *CFLAGS, *extra, "-shared", "-o", str(so), *sources(name)]
+    cmd = [cc, *CFLAGS, *extra, "-shared", "-o", str(so), *sources(userdir, name)]
     res = subprocess.run(cmd, cwd=userdir, capture_output=True, text=True)
     if res.returncode != 0 or res.stderr.strip():
         what = "failed" if res.returncode else "warned"
@@ -88,18 +92,58 @@ class Twin:
         words = max(self.meta["workspace_bytes"], 8) // 8 + 1
         self._workspace = np.zeros(words, dtype=np.uint64)  # 8-byte aligned
 
-    def run(self, x) -> np.ndarray:
+    @property
+    def fixed(self) -> dict | None:
+        """The fixed-point interface (kmlc.json), or None for a float model."""
+        return self.meta.get("fixed")
+
+    def encode(self, x) -> np.ndarray:
+        """Float feature rows as the model's raw input: unchanged float32 for
+        a float model; for a fixed model in[i] = round(x_i * 2^F_i), ties away
+        from zero, saturated to int32 (the module then clamps to the
+        calibrated range itself)."""
+        x = self._rows(x)
+        if not self.fixed:
+            return x.astype(np.float32)
+        v = x.astype(np.float64) * np.ldexp(1.0, np.array(self.fixed["frac_bits"]))
+        v = np.sign(v) * np.floor(np.abs(v) + 0.5)
+        return np.clip(v, -2**31, 2**31 - 1).astype(np.int32)
+
+    def decode(self, q: np.ndarray) -> np.ndarray:
+        """Raw outputs as float32 rows: real = (q - zero_point) * scale per
+        output; class indices as exact floats."""
+        if not self.fixed:
+            return q
+        y = np.empty(q.shape, dtype=np.float64)
+        off = 0
+        for o, port in zip(self.fixed["outputs"], self.meta["outputs"]):
+            sl = slice(off, off + port["elems"])
+            y[:, sl] = q[:, sl] if o.get("index") else (q[:, sl] - o["zp"]) * o["scale"]
+            off += port["elems"]
+        return y.astype(np.float32)
+
+    def _rows(self, x) -> np.ndarray:
         x = np.asarray(x)
-        if x.ndim == 1:
-            return self.run(x[None, :])[0]
         if x.ndim != 2 or x.shape[1] != self.in_elems:
             raise KmlcError(f"input has shape {tuple(x.shape)}; the model takes rows of "
-                            f"{self.in_elems} float32 values")
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        y = np.empty((x.shape[0], self.out_elems), dtype=np.float32)
+                            f"{self.in_elems} values")
+        return x
+
+    def run_raw(self, x) -> np.ndarray:
+        """The C entry point on raw rows (float32, or int32 for fixed)."""
+        dtype = np.int32 if self.fixed else np.float32
+        x = np.ascontiguousarray(self._rows(x), dtype=dtype)
+        y = np.empty((x.shape[0], self.out_elems), dtype=dtype)
         ret = self._batch(x.ctypes.data, y.ctypes.data, x.shape[0], self._workspace.ctypes.data)
         if ret:
             raise KmlcError(f"kml_{self.name}_infer returned {ret}")
         return y
+
+    def run(self, x) -> np.ndarray:
+        """Float rows in, float rows out, through exactly the module's path."""
+        x = np.asarray(x)
+        if x.ndim == 1:
+            return self.run(x[None, :])[0]
+        return self.decode(self.run_raw(self.encode(x)))
 
     __call__ = run

@@ -1,0 +1,95 @@
+"""Static overflow proof for integer graphs.
+
+Propagates integer intervals from the inputs (any int32 value at all: the
+proof does not trust calibration) through every op, and for each one:
+  * ``qinput``: clamping bounds every element; the result is checked to be
+    int16;
+  * ``qdense``: bounds every partial sum of every output channel by
+    |b[n]| + sum_k |w[n, k]| * max|x| (so the bound holds whatever the
+    order of the additions), picks an int32 accumulator when that fits and
+    int64 otherwise, and fails naming the node if even int64 does not;
+  * every requantization: chooses the integer multiplier for the recorded
+    real scale with ``qmath.multiplier`` under the proven bound, so that
+    |acc| * mult < 2^63 and kml_requant is exact; the multiplier keeps 31
+    bits where it can;
+  * ``qsoftmax``: differences from the maximum fit in 17 bits and the sum of
+    at most 65535 Q0.15 values fits in 32.
+Afterwards every integer op carries its accumulator type and its
+(mult, shift) pairs, and ``intervals`` holds the proven range of every value.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import KmlcError
+from ..ir import I32, I64, Graph, Op, Value, const
+from ..qmath import multiplier, round_shift
+
+S32_MAX = 2**31 - 1
+S64_LIMIT = 2**62  # keep accumulators well clear of the s64 edge
+
+
+def _mults(scales, bound: int) -> tuple[list[int], list[int]]:
+    pairs = [multiplier(float(s), bound) for s in np.atleast_1d(scales)]
+    return [m for m, _ in pairs], [s for _, s in pairs]
+
+
+def _fail(op: Op, msg: str):
+    raise KmlcError(f"node {' + '.join(op.origin) or op.kind}: {msg}")
+
+
+def bound_ranges(g: Graph) -> Graph:
+    iv: dict[Value, tuple[int, int]] = {v: (-2**31, S32_MAX) for v in g.inputs}
+    for op in g.ops:
+        x = op.inputs[0]
+        xl, xh = iv[x]
+        a = op.attrs
+        if op.kind == "qinput":
+            lo, hi = np.array(a["lo"]), np.array(a["hi"])
+            c, s = np.array(a["center"]), np.array(a["shift"])
+            out = (int(round_shift(lo - c, s).min()), int(round_shift(hi - c, s).max()))
+            if out[0] < -32768 or out[1] > 32767:
+                _fail(op, f"input encoding leaves int16: {out}")
+        elif op.kind == "qdense":
+            w, b = op.inputs[1], op.inputs[2]
+            xmax = max(abs(xl), abs(xh))
+            bound = np.abs(b.data).astype(object) + (np.abs(w.data.astype(np.int64))
+                                                      .sum(axis=1).astype(object) * xmax)
+            worst = int(max(bound))
+            if worst >= S64_LIMIT:
+                _fail(op, f"accumulator bound {worst} does not fit in int64")
+            acc = "i32" if worst <= S32_MAX else "i64"
+            a["acc"] = acc
+            a["acc_bound"] = worst
+            op.inputs[2] = const(b.name, b.data.astype(I32.np if acc == "i32" else I64.np))
+            a["mult"], a["shift"] = _mults(a["scale"], worst)
+            if "scale_neg" in a:
+                a["mult_neg"], a["shift_neg"] = _mults(a["scale_neg"], worst)
+            out = (a["lo"], a["hi"]) if a["mode"] == "clamp" else \
+                ((0, 32767) if a["fn"] == "sigmoid" else (-32767, 32767))
+        elif op.kind == "qact":
+            if a["mode"] == "clamp":
+                out = (max(xl, a["lo"]), min(xh, a["hi"]))
+            else:
+                dev = max(abs(xl - a["zp"]), abs(xh - a["zp"]))
+                (m,), (s,) = _mults(a["scale"], dev)
+                a["mult"], a["shift"] = m, s
+                out = (-32768, 32767) if a["mode"] == "leaky" else \
+                    ((0, 32767) if a["fn"] == "sigmoid" else (-32767, 32767))
+        elif op.kind == "qsoftmax":
+            n = x.type.shape[a["axis"] % len(x.type.shape)]
+            if n >= 65536:
+                _fail(op, f"softmax over {n} values: the Q0.15 sum needs n < 65536")
+            (m,), (s,) = _mults(a["scale"], xh - xl)
+            a["mult"], a["shift"] = m, s
+            out = (0, 32767)
+        elif op.kind == "argmax":
+            n = x.type.shape[a["axis"] % len(x.type.shape)]
+            out = (0, n - 1)
+        elif op.kind == "reshape":
+            out = (xl, xh)
+        else:
+            raise KmlcError(f"bound_ranges: unexpected op {op.kind}")
+        iv[op.output] = out
+    g.intervals = iv
+    return g

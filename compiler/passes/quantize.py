@@ -1,0 +1,317 @@
+"""Quantization: a calibrated float graph to an integer graph.
+
+Guarantees about the graph it returns (docs/numerics.md, "Fixed point"):
+  * every graph input is int32 in a per-feature Q format (``frac_bits``:
+    in[i] = x_i * 2^F_i) and passes first through ``qinput``, which clamps it
+    to the feature's calibrated range and maps it onto int16 around the
+    range's centre with a power-of-two step; a feature whose calibrated range
+    is a single value always encodes to 0 (its value is a constant of the
+    first layer);
+  * every activation is int16 with a per-tensor scale and zero point chosen
+    from its calibrated range widened by ``margin`` on each side (values
+    beyond saturate); sigmoid and tanh outputs are Q0.15;
+  * dense weights are symmetric per output channel, int8 where the layer's
+    output keeps at least ``INT8_SQNR_DB`` of SQNR on the calibration data
+    with int8 weights, else int16 (``weight_bits`` forces either); the
+    per-feature input steps and centres are folded into the first layer's
+    weights and bias; biases are integers at the accumulator's scale with
+    the input zero point's term folded in;
+  * every requantization is recorded as a real scale (``scale`` attributes);
+    passes/bound_ranges.py turns scales into integer multipliers once it has
+    proven the accumulator ranges.
+Ops fixed point cannot express raise ``KmlcError`` naming the node.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..calibrate import Calibration
+from ..errors import KmlcError
+from ..ir import I8, I16, I32, I64, Graph, Op, TensorType, Value, const, fresh_namer
+from ..qmath import LUT_FUNCS, round_shift
+
+INT8_SQNR_DB = 60.0
+MARGIN = 0.25
+SUPPORTED_FIXED = ("dense (MatMul/Gemm + bias)", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh",
+                   "Softmax", "ArgMax", "Reshape/Flatten/Identity")
+
+
+@dataclass
+class QParams:
+    """real = scale * (q - zp); q is proven to lie in [lo, hi]."""
+    scale: float
+    zp: int
+    lo: int = -32768
+    hi: int = 32767
+
+
+@dataclass
+class FirstLayer:
+    """An encoded graph input: element k is centre[k] + step[k] * q[k]."""
+    step: np.ndarray
+    centre: np.ndarray
+
+
+@dataclass
+class QuantOptions:
+    weight_bits: str = "auto"                  # auto | 8 | 16
+    input_frac_bits: list[int] | None = None   # per input element, or one for all
+    margin: float = MARGIN
+
+
+@dataclass
+class QuantInfo:
+    """What the rest of kmlc needs to know about a quantized graph.  The
+    ``inputs`` and ``outputs`` entries (keyed by value name) are the fixed
+    point interface: they go into the generated header and kmlc.json."""
+    inputs: dict[str, dict] = field(default_factory=dict)    # frac_bits, lo, hi per element
+    outputs: dict[str, dict] = field(default_factory=dict)   # scale, zp, lo, hi | index
+    float_of: dict[Value, Value] = field(default_factory=dict)   # int value -> float value
+    params: dict[Value, QParams] = field(default_factory=dict)
+    weight_bits: dict[str, int] = field(default_factory=dict)   # node -> 8 | 16
+    sqnr_int8: dict[str, float] = field(default_factory=dict)
+    float_graph: Graph | None = None   # the float graph that was quantized
+    int_graph: Graph | None = None     # the proven integer graph
+    calibration_rows: int = 0
+
+
+def _fail(op: Op, msg: str):
+    raise KmlcError(f"node {' + '.join(op.origin) or op.kind}: {msg} with --numerics fixed; "
+                    f"fixed point compiles {', '.join(SUPPORTED_FIXED)}")
+
+
+def choose_frac_bits(lo: np.ndarray, hi: np.ndarray) -> list[int]:
+    """Largest F in [0, 30] with max(|lo|, |hi|) * 2^F <= 2^30."""
+    mag = np.maximum(np.maximum(np.abs(lo), np.abs(hi)), 1e-30)
+    f = np.floor(30 - np.log2(mag)).astype(int)
+    if (f < 0).any():
+        i = int(np.argmax(f < 0))
+        raise KmlcError(f"input feature {i} reaches {float(mag[i]):.6g} in the calibration data, "
+                        "beyond what an int32 input can encode; scale it down in the model")
+    return np.minimum(f, 30).tolist()
+
+
+def encode_input(lo, hi, frac_bits):
+    """Per element: Q-range [LO, HI], centre, shift (qinput's attributes)."""
+    scale = np.ldexp(1.0, np.array(frac_bits))
+    qlo = np.clip(np.floor(lo * scale), -2**31, 2**31 - 1).astype(np.int64)
+    qhi = np.clip(np.ceil(hi * scale), -2**31, 2**31 - 1).astype(np.int64)
+    centre = (qlo + qhi) // 2
+    half = np.maximum(qhi - centre, centre - qlo)
+    shift = np.zeros_like(half)
+    for i, h in enumerate(half):
+        while int(round_shift(h, int(shift[i]))) > 32767:
+            shift[i] += 1
+    return qlo, qhi, centre, shift
+
+
+def quantize_weights(w: np.ndarray, bits: int):
+    """Symmetric per output channel (columns of w [K, N])."""
+    qmax = 2 ** (bits - 1) - 1
+    amax = np.abs(w).max(axis=0)
+    step = np.where(amax > 0, amax / qmax, 1.0)
+    q = np.clip(np.round(w / step), -qmax, qmax).astype(np.int64)
+    return q, step
+
+
+def sqnr_db(ref: np.ndarray, approx: np.ndarray) -> float:
+    noise = np.sum((ref - approx) ** 2)
+    signal = np.sum(ref ** 2)
+    if noise == 0:
+        return float("inf")
+    return float(10 * np.log10(max(signal, 1e-300) / noise))
+
+
+def activation_params(lo: float, hi: float, margin: float) -> QParams:
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    pad = margin * (hi - lo)
+    lo, hi = (lo - pad if lo < 0 else 0.0), hi + pad
+    if hi - lo <= 0:
+        hi = lo + 1.0
+    scale = (hi - lo) / 65535
+    zp = int(np.clip(round(-32768 - lo / scale), -32768, 32767))
+    return QParams(scale, zp)
+
+
+class _Quantizer:
+    def __init__(self, g: Graph, cal: Calibration, opts: QuantOptions):
+        self.g, self.cal, self.opts = g, cal, opts
+        self.fresh = fresh_namer(g)
+        self.env: dict[Value, tuple[Value, QParams | FirstLayer]] = {}
+        self.ops: list[Op] = []
+        self.info = QuantInfo()
+
+    def emit(self, kind, inputs, attrs, origin, like: Value, q: QParams | FirstLayer,
+             dtype=I16) -> Value:
+        out = Value(self.fresh(f"{like.name}_q"), TensorType(dtype, like.type.shape))
+        self.ops.append(Op(kind, inputs, [out], attrs, origin))
+        self.env[like] = (out, q)
+        self.info.float_of[out] = like
+        if isinstance(q, QParams):
+            self.info.params[out] = q
+        return out
+
+    def per_tensor(self, op: Op, v: Value) -> tuple[Value, QParams]:
+        xq, q = self.env[v]
+        if isinstance(q, FirstLayer):
+            _fail(op, f"{op.kind} on a graph input (inputs must feed a dense layer)")
+        return xq, q
+
+    # -- inputs ---------------------------------------------------------------------
+
+    def input(self, v: Value) -> None:
+        lo, hi = self.cal.input_range(v)
+        fb = self.opts.input_frac_bits
+        if fb is None:
+            frac = choose_frac_bits(lo, hi)
+        else:
+            frac = list(fb) * v.type.numel if len(fb) == 1 else list(fb)
+            if len(frac) != v.type.numel or not all(0 <= f <= 30 for f in frac):
+                raise KmlcError(f"--input-frac-bits needs one value or {v.type.numel} values "
+                                "in 0..30")
+        qlo, qhi, centre, shift = encode_input(lo, hi, frac)
+        iv = Value(self.fresh(f"{v.name}_i32"), TensorType(I32, v.type.shape))
+        step = np.ldexp(1.0, shift - np.array(frac))
+        attrs = {"lo": qlo.tolist(), "hi": qhi.tolist(), "center": centre.tolist(),
+                 "shift": shift.tolist()}
+        self.emit("qinput", [iv], attrs, (f"input {self.g.source_name(v)}",), v,
+                  FirstLayer(step, centre * np.ldexp(1.0, -np.array(frac))))
+        self.info.inputs[iv.name] = {"frac_bits": [int(f) for f in frac],
+                                      "lo": qlo.tolist(), "hi": qhi.tolist()}
+        self.info.float_of[iv] = v
+        return iv
+
+    # -- ops --------------------------------------------------------------------------
+
+    def dense(self, op: Op) -> None:
+        x, w = op.inputs[0], op.inputs[1]
+        if x.type.numel != w.type.shape[0]:
+            _fail(op, "a dense layer over several rows")
+        xq, qx = self.env[x]
+        wf = w.data.astype(np.float64)
+        bias = (op.inputs[2].data.astype(np.float64).reshape(-1) if len(op.inputs) == 3
+                else np.zeros(wf.shape[1]))
+        xs = self.cal.samples[x]
+        if isinstance(qx, FirstLayer):
+            bias = bias + op.attrs.get("alpha", 1.0) * (qx.centre @ wf)
+            xs = (xs - qx.centre) / qx.step            # the encoded input's real steps
+            wf = wf * qx.step[:, None]
+            sx, zx = 1.0, 0
+        else:
+            sx, zx = qx.scale, qx.zp
+        wf = wf * op.attrs.get("alpha", 1.0)
+        wq, sw, bits = self.weights(op, wf, xs)
+        sa = sx * sw                                   # accumulator scale per channel
+        bq = np.round(bias / sa).astype(np.int64) - zx * wq.sum(axis=0)
+        act = op.attrs["act"]
+        params = op.attrs.get("act_params", {})
+        if act in LUT_FUNCS:
+            attrs = {"mode": "lut", "fn": act, "scale": (sa * 2.0 ** LUT_FUNCS[act]).tolist()}
+            q = QParams(2.0 ** -15, 0, 0 if act == "sigmoid" else -32767, 32767)
+        else:
+            q = activation_params(*self.cal.range(op.output), self.opts.margin)
+            lo, hi = -32768, 32767
+            if act == "relu":
+                lo = q.zp
+            elif act == "clip":
+                lo = max(lo, q.zp + int(round(params["min"] / q.scale)))
+                hi = min(hi, q.zp + int(round(params["max"] / q.scale)))
+            q = QParams(q.scale, q.zp, lo, max(lo, hi))
+            attrs = {"mode": "clamp", "scale": (sa / q.scale).tolist(), "zp": q.zp,
+                     "lo": q.lo, "hi": q.hi}
+            if act == "leaky_relu":
+                attrs["scale_neg"] = (params["alpha"] * sa / q.scale).tolist()
+        attrs["shape"] = list(op.output.type.shape)
+        wconst = const(self.fresh(f"{w.name}_q{bits}"),
+                       np.ascontiguousarray(wq.T).astype(I8.np if bits == 8 else I16.np))
+        bconst = const(self.fresh(f"{w.name}_bq"), bq.astype(np.int64))
+        self.emit("qdense", [xq, wconst, bconst], attrs, op.origin, op.output, q)
+
+    def weights(self, op: Op, wf: np.ndarray, xs: np.ndarray):
+        node = next((o for o in op.origin if o.endswith(("(Gemm)", "(MatMul)"))),
+                    op.origin[0] if op.origin else op.kind)
+        ref = xs @ wf
+        q8, s8 = quantize_weights(wf, 8)
+        self.info.sqnr_int8[node] = sqnr_db(ref, xs @ (q8 * s8))
+        forced = self.opts.weight_bits
+        bits = int(forced) if forced != "auto" else \
+            (8 if self.info.sqnr_int8[node] >= INT8_SQNR_DB else 16)
+        self.info.weight_bits[node] = bits
+        if bits == 8:
+            return q8, s8, 8
+        q16, s16 = quantize_weights(wf, 16)
+        return q16, s16, 16
+
+    def activation(self, op: Op) -> None:
+        xq, qx = self.per_tensor(op, op.inputs[0])
+        kind = op.kind
+        if kind == "relu":
+            q = QParams(qx.scale, qx.zp, max(qx.lo, qx.zp), max(qx.hi, qx.zp))
+            attrs = {"mode": "clamp", "lo": q.lo, "hi": q.hi}
+        elif kind == "clip":
+            lo = max(qx.lo, qx.zp + int(round(op.attrs["min"] / qx.scale)))
+            hi = min(qx.hi, qx.zp + int(round(op.attrs["max"] / qx.scale)))
+            q = QParams(qx.scale, qx.zp, lo, max(lo, hi))
+            attrs = {"mode": "clamp", "lo": q.lo, "hi": q.hi}
+        elif kind == "leaky_relu":
+            q = QParams(qx.scale, qx.zp)
+            attrs = {"mode": "leaky", "zp": qx.zp, "scale": float(op.attrs["alpha"])}
+        else:
+            q = QParams(2.0 ** -15, 0, 0 if kind == "sigmoid" else -32767, 32767)
+            attrs = {"mode": "lut", "fn": kind, "zp": qx.zp,
+                     "scale": qx.scale * 2.0 ** LUT_FUNCS[kind]}
+        self.emit("qact", [xq], attrs, op.origin, op.output, q)
+
+    def run(self) -> tuple[Graph, QuantInfo]:
+        g = self.g
+        inputs = [self.input(v) for v in g.inputs]
+        for op in g.ops:
+            if op.kind == "dense":
+                self.dense(op)
+            elif op.kind in ("relu", "clip", "leaky_relu", "sigmoid", "tanh"):
+                self.activation(op)
+            elif op.kind == "softmax":
+                xq, qx = self.per_tensor(op, op.inputs[0])
+                self.emit("qsoftmax", [xq], {"axis": op.attrs["axis"],
+                                             "scale": qx.scale * 2.0 ** 11},
+                          op.origin, op.output, QParams(2.0 ** -15, 0, 0, 32767))
+            elif op.kind == "argmax":
+                xq, _ = self.per_tensor(op, op.inputs[0])
+                self.emit("argmax", [xq], dict(op.attrs), op.origin, op.output,
+                          QParams(1.0, 0), dtype=I64)
+            elif op.kind == "reshape":
+                xq, q = self.env[op.inputs[0]]
+                self.emit("reshape", [xq], dict(op.attrs), op.origin, op.output, q,
+                          dtype=xq.type.dtype)
+            else:
+                _fail(op, f"op '{op.kind}' is not supported")
+        outputs = []
+        for v in g.outputs:
+            if v.is_const or v not in self.env:
+                raise KmlcError(f"output '{g.source_name(v)}' is a constant or a graph input; "
+                                "nothing to compile with --numerics fixed")
+            ov, q = self.env[v]
+            if isinstance(q, FirstLayer):
+                raise KmlcError(f"output '{g.source_name(v)}' is a graph input")
+            outputs.append(ov)
+            if ov.type.dtype == I64:
+                src = next(op for op in self.ops if ov in op.outputs)
+                while src.kind == "reshape":
+                    src = next(op for op in self.ops if src.inputs[0] in op.outputs)
+                x = src.inputs[0].type.shape
+                self.info.outputs[ov.name] = {"index": True,
+                                              "classes": x[src.attrs["axis"] % len(x)]}
+            else:
+                self.info.outputs[ov.name] = {"scale": q.scale, "zp": q.zp, "lo": q.lo,
+                                              "hi": q.hi, "q15": q.scale == 2.0 ** -15}
+        qg = Graph(g.name, inputs, outputs, self.ops)
+        qg.source_names = {iv: g.source_name(self.info.float_of[iv]) for iv in inputs}
+        qg.source_names.update({ov: g.source_name(self.info.float_of[ov]) for ov in outputs})
+        return qg, self.info
+
+
+def quantize(g: Graph, cal: Calibration, opts: QuantOptions | None = None
+             ) -> tuple[Graph, QuantInfo]:
+    return _Quantizer(g, cal, opts or QuantOptions()).run()

@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * kml_fixed.h - integer arithmetic for kmlc's fixed-point models
+ *
+ * The one definition of rounding, requantization, clamping and the
+ * table-driven nonlinearities used by both the kernel module and the
+ * userspace twin (docs/numerics.md, "Fixed point").  Integer operations
+ * only: no FPU, no division, no right shift of a negative value, and no
+ * signed overflow for operands within the bounds the compiler proves
+ * (passes/bound_ranges.py).
+ *
+ * Rounding rule, everywhere: to nearest, ties away from zero, computed on
+ * the magnitude in unsigned arithmetic and then given the sign back.
+ */
+#ifndef KML_FIXED_H
+#define KML_FIXED_H
+
+#include "kml_types.h"
+#include "kml_lut.h"
+
+/* |v| as u64; defined for every s64, including S64_MIN. */
+static inline u64 kml_abs_u64(s64 v)
+{
+	return v < 0 ? -(u64)v : (u64)v;
+}
+
+/* m with the sign of v; m must not exceed 2^63 - 1. */
+static inline s64 kml_with_sign(s64 v, u64 m)
+{
+	return v < 0 ? -(s64)m : (s64)m;
+}
+
+/* round(v / 2^shift), ties away from zero; shift <= 62. */
+static inline s64 kml_round_shift(s64 v, unsigned int shift)
+{
+	u64 m = kml_abs_u64(v);
+
+	if (shift)
+		m = (m + (1ULL << (shift - 1))) >> shift;
+	return kml_with_sign(v, m);
+}
+
+/*
+ * round(acc * mult / 2^shift), ties away from zero: requantization by an
+ * integer multiplier and a shift.  Requires |acc| * mult < 2^63 and
+ * shift <= 62, which the compiler proves for every call it generates.
+ */
+static inline s64 kml_requant(s64 acc, u32 mult, unsigned int shift)
+{
+	u64 m = kml_abs_u64(acc) * mult;
+
+	if (shift)
+		m = (m + (1ULL << (shift - 1))) >> shift;
+	return kml_with_sign(acc, m);
+}
+
+static inline s64 kml_clamp(s64 v, s64 lo, s64 hi)
+{
+	return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* v saturated to s32, the input type of the table lookups. */
+static inline s32 kml_sat_s32(s64 v)
+{
+	return (s32)kml_clamp(v, -2147483647LL - 1, 2147483647LL);
+}
+
+/*
+ * Piecewise-linear table lookup: t[] holds f at u = 0, 32, 64, ...,
+ * 32768 (1025 entries); u in [0, 32767].  The correction between two
+ * entries is rounded on its magnitude, like everything else here.
+ */
+static inline s32 kml_lut(const u16 *t, u32 u)
+{
+	u32 seg = u >> 5, frac = u & 31;
+	s32 t0 = t[seg], t1 = t[seg + 1];
+	u32 d = t1 >= t0 ? (u32)(t1 - t0) : (u32)(t0 - t1);
+	s32 corr = (s32)((d * frac + 16) >> 5);
+
+	return t1 >= t0 ? t0 + corr : t0 - corr;
+}
+
+/* The canonical fixed-point formats of the nonlinearities (see kml_lut.h). */
+#define KML_Q15_ONE 32768
+#define KML_SIGMOID_IN_FRAC 11	/* input Q4.11: [-16, 16) */
+#define KML_TANH_IN_FRAC 12	/* input Q3.12: [-8, 8) */
+#define KML_EXP_IN_FRAC 11	/* input Q4.11: [-16, 0] */
+
+/* Magnitude of a Q-format input, saturated to the table's domain. */
+static inline u32 kml_lut_index(s32 x)
+{
+	u32 u = x < 0 ? -(u32)x : (u32)x;
+
+	return u > 32767 ? 32767 : u;
+}
+
+#ifdef KML_LUT_SIGMOID
+/* sigmoid: Q4.11 in, Q0.15 out in [0, 32767]; < 1 LSB from exact. */
+static inline s32 kml_sigmoid_q15(s32 x)
+{
+	s32 y = kml_lut(kml_sigmoid_table, kml_lut_index(x));
+
+	y = x < 0 ? KML_Q15_ONE - y : y;
+	return y > 32767 ? 32767 : y;
+}
+#endif
+
+#ifdef KML_LUT_TANH
+/* tanh: Q3.12 in, Q0.15 out in [-32767, 32767]; < 1 LSB from exact. */
+static inline s32 kml_tanh_q15(s32 x)
+{
+	s32 y = kml_lut(kml_tanh_table, kml_lut_index(x));
+
+	y = y > 32767 ? 32767 : y;
+	return x < 0 ? -y : y;
+}
+#endif
+
+#ifdef KML_LUT_EXP
+/* exp of a non-positive Q4.11 value, Q0.15 out in [0, 32768]; < 1.6 LSB. */
+static inline s32 kml_exp_q15(s32 d)
+{
+	return kml_lut(kml_exp_table, kml_lut_index(d > 0 ? 0 : d));
+}
+#endif
+
+#endif /* KML_FIXED_H */

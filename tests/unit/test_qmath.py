@@ -1,0 +1,128 @@
+"""kml_fixed.h against its Python mirror, bit for bit, and the LUT
+nonlinearities against the exact functions (error bounds in LSB)."""
+import ctypes
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from kmlc import qmath
+from kmlc.runtime_kernel import DIR as RUNTIME
+
+HARNESS = r"""
+#define KML_LUT_SIGMOID
+#define KML_LUT_TANH
+#define KML_LUT_EXP
+#include "kml_fixed.h"
+void lut3(const s32 *x, s32 *y, long n)
+{
+	long i;
+
+	for (i = 0; i < n; i++) {
+		y[3 * i] = kml_sigmoid_q15(x[i]);
+		y[3 * i + 1] = kml_tanh_q15(x[i]);
+		y[3 * i + 2] = kml_exp_q15(x[i]);
+	}
+}
+void requant(const s64 *acc, const u32 *mult, const u32 *shift, s64 *y, long n)
+{
+	long i;
+
+	for (i = 0; i < n; i++)
+		y[i] = kml_requant(acc[i], mult[i], shift[i]);
+}
+void round_shift(const s64 *v, const u32 *shift, s64 *y, long n)
+{
+	long i;
+
+	for (i = 0; i < n; i++)
+		y[i] = kml_round_shift(v[i], shift[i]);
+}
+"""
+
+
+@pytest.fixture(scope="module", params=["gcc -O2", "clang -O0"])
+def lib(request, tmp_path_factory):
+    cc, opt = request.param.split()
+    d = tmp_path_factory.mktemp("qmath")
+    (d / "h.c").write_text(HARNESS)
+    subprocess.run([cc, opt, "-fPIC", "-shared", f"-I{RUNTIME}", "-o", d / "h.so", d / "h.c"],
+                   check=True)
+    return ctypes.CDLL(str(d / "h.so"))
+
+
+def ptr(a):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def test_luts_match_mirror_on_every_input(lib):
+    x = np.arange(-2**31, 2**31, 2**16 - 1, dtype=np.int64)
+    x = np.concatenate([np.arange(-40000, 40000), x, [-2**31, 2**31 - 1]]).astype(np.int32)
+    y = np.empty(3 * len(x), dtype=np.int32)
+    lib.lut3(ptr(x), ptr(y), ctypes.c_long(len(x)))
+    y = y.reshape(-1, 3)
+    assert np.array_equal(y[:, 0], qmath.sigmoid_q15(x))
+    assert np.array_equal(y[:, 1], qmath.tanh_q15(x))
+    assert np.array_equal(y[:, 2], qmath.exp_q15(x))
+
+
+def test_lut_error_bounds_in_lsb():
+    x = np.arange(-32768, 32768)
+    sig = 32768 / (1 + np.exp(-x / 2048.0))
+    assert np.abs(qmath.sigmoid_q15(x) - np.minimum(sig, 32767)).max() < 1.0
+    tanh = np.clip(np.tanh(x / 4096.0) * 32768, -32767, 32767)
+    assert np.abs(qmath.tanh_q15(x) - tanh).max() < 1.0
+    d = np.arange(-32768, 1)
+    assert np.abs(qmath.exp_q15(d) - np.exp(d / 2048.0) * 32768).max() < 1.6
+    # saturation beyond the tables' domains
+    assert qmath.sigmoid_q15(2**31 - 1) == 32767 and qmath.sigmoid_q15(-2**31) == 0
+    assert qmath.tanh_q15(-2**31) == -32767 and qmath.exp_q15(-2**31) == 0
+
+
+def test_requant_matches_mirror_and_exact_rounding(lib):
+    rng = np.random.default_rng(0)
+    n = 200_000
+    shift = rng.integers(0, 63, n).astype(np.uint32)
+    mult = rng.integers(1, 2**31, n).astype(np.uint32)
+    # |acc| * mult < 2^63, as the compiler guarantees
+    lim = (2**63 - 1) // mult.astype(object)
+    acc = np.array([int(rng.integers(-min(int(l), 2**62), min(int(l), 2**62)))
+                    for l in lim], dtype=np.int64)
+    acc[:4] = [0, 1, -1, -(2**31)]
+    y = np.empty(n, dtype=np.int64)
+    lib.requant(ptr(acc), ptr(mult), ptr(shift), ptr(y), ctypes.c_long(n))
+    assert np.array_equal(y, qmath.requant(acc, mult, shift))
+    # an independent oracle: exact rational rounding with Python ints
+    for a, m, s, got in list(zip(acc.tolist(), mult.tolist(), shift.tolist(), y.tolist()))[:5000]:
+        num = abs(a) * m
+        q, r = divmod(num, 1 << s)
+        exact = q + (1 if s and 2 * r >= (1 << s) else 0)
+        assert got == (-exact if a < 0 else exact)
+
+
+def test_round_shift_ties_away_from_zero(lib):
+    v = np.array([5, -5, 6, -6, 7, -7, 2**62, -2**62, -(2**63)], dtype=np.int64)
+    s = np.array([1, 1, 2, 2, 1, 1, 62, 62, 62], dtype=np.uint32)
+    y = np.empty(len(v), dtype=np.int64)
+    lib.round_shift(ptr(v), ptr(s), ptr(y), ctypes.c_long(len(v)))
+    assert y.tolist() == [3, -3, 2, -2, 4, -4, 1, -1, -2]
+    assert np.array_equal(y, [int(qmath.round_shift(a, int(b))) for a, b in zip(v, s)])
+
+
+@pytest.mark.parametrize("scale", [1e-9, 3.7e-5, 0.5, 1.0, 0.999999, 123.456, 2.0 ** -40])
+@pytest.mark.parametrize("max_acc", [1, 2**15, 2**31 - 1, 2**47])
+def test_multiplier_is_accurate_and_safe(scale, max_acc):
+    mult, shift = qmath.multiplier(scale, max_acc)
+    assert 0 <= shift <= 62 and 0 <= mult < 2**31
+    assert max_acc * mult < 2**63
+    if mult:
+        rel = abs(mult / 2.0 ** shift - scale) / scale
+        bits = min(31, 63 - max_acc.bit_length())
+        assert rel <= 2.0 ** -(bits - 1)
+
+
+def test_lut_header_is_what_the_generator_writes():
+    res = subprocess.run([sys.executable, ROOT / "scripts" / "gen_luts.py", "--check"])
+    assert res.returncode == 0, "runtime-kernel/kml_lut.h differs from scripts/gen_luts.py"
