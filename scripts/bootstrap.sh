@@ -27,7 +27,7 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 # qemu (KUnit on x86_64), clang (second compiler for the twin)
 PACKAGES=(build-essential bc bison flex libelf-dev libssl-dev kmod cpio xz-utils perl
 	python3 python3-venv python3-dev linux-headers-amd64 linux-source-6.1
-	qemu-system-x86 clang lld llvm dwarves)
+	qemu-system-x86 clang libclang-rt-dev lld llvm dwarves)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||

@@ -9,6 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
+import kernel_c
 from conftest import EXAMPLES, SEED_MODELS, kernel_tree, seed_models
 from kmlc.api import compile as kcompile, load, lower_model
 from kmlc.frontends.onnx import load as load_graph
@@ -110,17 +111,7 @@ def test_twin_ignores_callers_fpu_mode(compiled, tmp_path):
 
 def test_no_libm_allocation_or_mutable_globals(compiled):
     for name, d in compiled.items():
-        so = d / "user" / f"libkml_{name}.so"
-        und = subprocess.run(["nm", "-uD", so], capture_output=True, text=True).stdout
-        bad = re.findall(r"\b(exp|expf|tanh|tanhf|log|pow|malloc|calloc|realloc|free)\b", und)
-        assert not bad, bad
-        for f in ("kernel/{n}.c", "kernel/{n}_fp.c"):
-            text = (d / f.format(n=name)).read_text()
-            assert not re.search(r"\b\w*alloc\s*\(|<math\.h>|\bfree\s*\(", text), f
-            # file-scope objects must be const: no shared mutable scratch
-            for ln in text.splitlines():
-                if re.match(r"^(static\s+)?(float|int|u\d+|s\d+|unsigned|char)\b[^(]*(=|;)", ln):
-                    raise AssertionError(f"mutable file-scope object in {f}: {ln}")
+        kernel_c.check_no_libm_allocation_or_mutable_globals(d, name)
 
 
 def test_generated_c_names_every_onnx_node(compiled):
@@ -166,37 +157,8 @@ def test_checkpatch_clean(compiled):
 
 @pytest.mark.kernel
 def test_stack_frames_bounded_and_no_recursion(compiled, tmp_path):
-    """Every generated function has a static frame of at most 512 bytes, and
-    the call graph (gcc's own, -fcallgraph-info) has no cycle."""
     for name, d in compiled.items():
-        for src in (f"{name}_fp.c", f"{name}.c"):
-            stem = src[:-2]
-            subprocess.run(["gcc", *user.CFLAGS, "-O0", "-mno-red-zone", "-fstack-usage",
-                            "-fcallgraph-info", "-c", "-o", tmp_path / f"{stem}.o",
-                            d / "user" / src], check=True, cwd=tmp_path)
-            su = (tmp_path / f"{stem}.su").read_text().splitlines()
-            assert su
-            for ln in su:
-                fn, size, kind = ln.rsplit("\t", 2)
-                assert int(size) <= 512 and kind.startswith("static"), ln
-            graph = (tmp_path / f"{stem}.ci").read_text()
-            edges = re.findall(r'edge: \{ sourcename: "([^"]+)" targetname: "([^"]+)"', graph)
-            assert edges, src
-            succ = {}
-            for a, b in edges:
-                succ.setdefault(a, set()).add(b)
-            seen, done = set(), set()
-
-            def visit(v):
-                assert v not in seen or v in done, f"recursion through {v} in {src}"
-                if v in seen:
-                    return
-                seen.add(v)
-                for w in succ.get(v, ()):
-                    visit(w)
-                done.add(v)
-            for v in list(succ):
-                visit(v)
+        kernel_c.check_stack_and_no_recursion(d, name, tmp_path)
 
 
 @pytest.mark.kunit

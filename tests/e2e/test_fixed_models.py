@@ -1,0 +1,185 @@
+"""Fixed point end to end on the three seed shapes: accuracy against the
+float model, bit-exactness against kmlc's integer evaluator and across
+compilers, sanitizers over 100,000 hostile inputs, an FPU-free module, and
+KUnit on UML and on a real x86_64 kernel."""
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+import kernel_c
+from conftest import EXAMPLES, SEED_MODELS, kernel_tree, seed_models
+from kmlc.api import compile as kcompile, load
+from kmlc.ops import interpret
+from kmlc.targets import kernel, kunit, user
+from kmlc.verify import verify_fixed
+
+GOLDEN = 64
+HOSTILE = 100_000
+
+
+def calibration(name):
+    return seed_models.sample_inputs(name, 2000, seed=21)
+
+
+def held_out(name, n=5000):
+    return seed_models.sample_inputs(name, n, seed=22)
+
+
+@pytest.fixture(scope="session")
+def fixed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fixed")
+    out = {}
+    for name in SEED_MODELS:
+        res = kcompile(EXAMPLES / f"{name}.onnx", root / name, name=f"{name}_fx",
+                       numerics="fixed", calibration=calibration(name),
+                       golden_data=seed_models.sample_inputs(name, GOLDEN, seed=23),
+                       golden_count=GOLDEN)
+        out[name] = (root / name, res.program)
+    return out
+
+
+def hostile_rows(n_in, n=HOSTILE, seed=0):
+    """int32 rows: extremes, zeros and random values of every magnitude."""
+    r = np.random.default_rng(seed)
+    x = r.integers(-2**31, 2**31, (n, n_in), dtype=np.int64)
+    x = x >> r.integers(0, 32, (n, n_in))
+    x[: n // 10] = r.choice([-2**31, 2**31 - 1, 0, -1, 1], (n // 10, n_in))
+    return x.astype(np.int32)
+
+
+@pytest.mark.parametrize("name", SEED_MODELS)
+def test_agreement_with_float_model(name):
+    rep = verify_fixed(EXAMPLES / f"{name}.onnx", calibration=calibration(name),
+                       data=held_out(name))
+    assert rep.ok, rep.text()
+    for agree, rows, _ in rep.agreement.values():
+        assert rows == 5000 and agree / rows >= 0.99, rep.text()
+
+
+@pytest.mark.parametrize("name", SEED_MODELS)
+def test_twin_equals_integer_evaluator(fixed, name):
+    d, prog = fixed[name]
+    twin = load(d)
+    x = np.concatenate([twin.encode(held_out(name, 300)), hostile_rows(twin.in_elems, 300)])
+    y = twin.run_raw(x)
+    g = prog.quant.int_graph
+    ref = np.stack([np.concatenate([np.asarray(o).reshape(-1) for o in interpret(g, row[None])])
+                    for row in x])
+    assert np.array_equal(y, ref.astype(np.int32))
+
+
+@pytest.mark.parametrize("name", SEED_MODELS)
+def test_twin_identical_across_compilers(fixed, name, tmp_path):
+    d, _ = fixed[name]
+    x = hostile_rows(load(d).in_elems, 3000, seed=1)
+    base = load(d).run_raw(x)
+    for cc, opt in (("gcc", "-O0"), ("clang", "-O0"), ("clang", "-O2"), ("gcc", "-O3")):
+        so = user.build_twin(d / "user", f"{name}_fx", cc=cc, extra=[opt],
+                             out=tmp_path / f"{cc}{opt}.so")
+        assert np.array_equal(user.Twin(d, so=so).run_raw(x), base), (cc, opt)
+
+
+DRIVER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include "{name}.h"
+
+int main(int argc, char **argv)
+{{
+	static s32 in[KML_{NAME}_IN_ELEMS], out[KML_{NAME}_OUT_ELEMS];
+	static unsigned long long ws[KML_{NAME}_WORKSPACE_BYTES / 8 + 1];
+	FILE *fi = fopen(argv[1], "rb"), *fo = fopen(argv[2], "wb");
+
+	while (fread(in, sizeof(in), 1, fi) == 1) {{
+		if (kml_{name}_infer(in, out, ws))
+			return 3;
+		fwrite(out, sizeof(out), 1, fo);
+	}}
+	fclose(fo);
+	return 0;
+}}
+"""
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+@pytest.mark.parametrize("name", SEED_MODELS)
+def test_no_undefined_behaviour_on_hostile_inputs(fixed, name, cc, tmp_path):
+    d, _ = fixed[name]
+    m = f"{name}_fx"
+    (tmp_path / "drv.c").write_text(DRIVER.format(name=m, NAME=m.upper()))
+    exe = tmp_path / "drv"
+    subprocess.run([cc, "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                    "-fno-omit-frame-pointer", f"-I{d / 'user'}", "-o", exe, tmp_path / "drv.c",
+                    d / "user" / f"{m}.c", d / "user" / f"{m}_fx.c"], check=True)
+    twin = load(d)
+    x = hostile_rows(twin.in_elems, HOSTILE, seed=2)
+    x.tofile(tmp_path / "in.bin")
+    res = subprocess.run([exe, tmp_path / "in.bin", tmp_path / "out.bin"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and "runtime error" not in res.stderr, res.stderr[-2000:]
+    y = np.fromfile(tmp_path / "out.bin", dtype=np.int32).reshape(HOSTILE, -1)
+    assert np.array_equal(y, twin.run_raw(x))
+
+
+FP_INSN = re.compile(r"\b[xyz]mm\d+\b|\bf(?:ld|st|add|sub|mul|div)\w*\b|\bcvt\w+|"
+                     r"\b(?:ld|st)mxcsr\b|\bx?save\b|\bmovs[sd]\b")
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("name", SEED_MODELS)
+def test_module_has_no_floating_point(fixed, name):
+    d, _ = fixed[name]
+    ko = kernel.build_module(d / "kernel")
+    assert "CFLAGS_" not in (d / "kernel" / "Kbuild").read_text()
+    core = f"{name}_fx_fx"  # the model is named <name>_fx; its integer math is <model>_fx.c
+    cmd = (d / "kernel" / f".{core}.o.cmd").read_text()
+    assert "-mno-sse" in cmd and "-msse " not in cmd and "-mhard-float" not in cmd
+    for obj in [ko] + sorted((d / "kernel").glob("*.o")):
+        asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", obj], capture_output=True,
+                             text=True, check=True).stdout
+        assert f"<kml_{core}_forward>:" in asm or obj.name != f"{core}.o"
+        hits = FP_INSN.findall(asm)
+        assert not hits, (obj.name, hits[:5])
+    assert not {"kernel_fpu_begin_mask", "kernel_fpu_end"} & set(kernel.undefined_symbols(ko))
+
+
+def test_kernel_c_standards(fixed, tmp_path):
+    for name, (d, _) in fixed.items():
+        kernel_c.check_no_libm_allocation_or_mutable_globals(d, f"{name}_fx")
+        kernel_c.check_stack_and_no_recursion(d, f"{name}_fx", tmp_path)
+
+
+@pytest.mark.kernel
+def test_checkpatch_clean(fixed):
+    checkpatch = kernel_tree() / "scripts" / "checkpatch.pl"
+    for name, (d, _) in fixed.items():
+        m = f"{name}_fx"
+        for f in [d / "kernel" / x for x in (f"{m}.c", f"{m}_fx.c", f"{m}_mod.c", f"{m}.h",
+                                             "kml_fixed.h", "kml_lut.h")] + \
+                [d / "kunit" / f"{m}_kunit.c"]:
+            res = subprocess.run(["perl", checkpatch, "--no-tree", "-f", f], capture_output=True,
+                                 text=True)
+            assert "total: 0 errors, 0 warnings" in res.stdout, res.stdout
+
+
+@pytest.mark.kunit
+def test_kunit_uml(fixed):
+    res = kunit.run([d for d, _ in fixed.values()], arch="um")
+    assert res["ok"], res["summary"]
+    for name in SEED_MODELS:
+        assert res["suites"][f"kml_{name}_fx"]["passed"] == GOLDEN + 1
+
+
+@pytest.mark.kunit
+def test_kunit_x86_64_fixed_and_float(fixed, tmp_path):
+    """A real x86_64 kernel under qemu: the fixed models, and a float model
+    whose FPU section is the real kernel_fpu_begin/end there."""
+    fp = tmp_path / "readahead_fp"
+    kcompile(EXAMPLES / "readahead.onnx", fp, name="readahead_fp", targets="kunit",
+             golden_data=seed_models.sample_inputs("readahead", GOLDEN, seed=24))
+    res = kunit.run([d for d, _ in fixed.values()] + [fp], arch="x86_64")
+    assert res["ok"], res["summary"]
+    for suite in [f"kml_{n}_fx" for n in SEED_MODELS] + ["kml_readahead_fp"]:
+        assert res["suites"][suite]["passed"] == GOLDEN + 1, res["summary"]

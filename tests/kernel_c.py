@@ -1,0 +1,53 @@
+"""Checks of generated C that hold for every numerics mode: kernel
+standards a reviewer would otherwise check by eye."""
+import re
+import subprocess
+from pathlib import Path
+
+from kmlc.targets import user
+
+
+def check_no_libm_allocation_or_mutable_globals(outdir: Path, name: str) -> None:
+    so = outdir / "user" / f"libkml_{name}.so"
+    und = subprocess.run(["nm", "-uD", so], capture_output=True, text=True).stdout
+    bad = re.findall(r"\b(exp|expf|tanh|tanhf|log|pow|malloc|calloc|realloc|free)\b", und)
+    assert not bad, bad
+    for src in user.sources(outdir / "kernel", name)[:2]:
+        text = (outdir / "kernel" / src).read_text()
+        assert not re.search(r"\b\w*alloc\s*\(|<math\.h>|\bfree\s*\(", text), src
+        # file-scope objects must be const: no shared mutable scratch
+        for ln in text.splitlines():
+            if re.match(r"^(static\s+)?(float|int|u\d+|s\d+|unsigned|char)\b[^(]*(=|;)", ln):
+                raise AssertionError(f"mutable file-scope object in {src}: {ln}")
+
+
+def check_stack_and_no_recursion(outdir: Path, name: str, tmp: Path) -> None:
+    """Every generated function has a static frame of at most 512 bytes, and
+    the call graph (gcc's own, -fcallgraph-info) has no cycle."""
+    for src in user.sources(outdir / "user", name)[:2]:
+        stem = src[:-2]
+        subprocess.run(["gcc", *user.CFLAGS, "-O0", "-mno-red-zone", "-fstack-usage",
+                        "-fcallgraph-info", "-c", "-o", tmp / f"{stem}.o",
+                        outdir / "user" / src], check=True, cwd=tmp)
+        su = (tmp / f"{stem}.su").read_text().splitlines()
+        assert su
+        for ln in su:
+            fn, size, kind = ln.rsplit("\t", 2)
+            assert int(size) <= 512 and kind.startswith("static"), ln
+        graph = (tmp / f"{stem}.ci").read_text()
+        edges = re.findall(r'edge: \{ sourcename: "([^"]+)" targetname: "([^"]+)"', graph)
+        succ: dict[str, set[str]] = {}
+        for a, b in edges:
+            succ.setdefault(a, set()).add(b)
+        seen, done = set(), set()
+
+        def visit(v):
+            assert v not in seen or v in done, f"recursion through {v} in {src}"
+            if v in seen:
+                return
+            seen.add(v)
+            for w in succ.get(v, ()):
+                visit(w)
+            done.add(v)
+        for v in list(succ):
+            visit(v)

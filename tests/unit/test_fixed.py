@@ -1,0 +1,185 @@
+"""Fixed point, pass by pass, on hand-built graphs: the rewrites before
+quantization, the overflow proof, the encoding contract and the errors."""
+import copy
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from conftest import kmlc_cli, make_model, mlp_model
+from kmlc.api import compile as kcompile, load, lower_model
+from kmlc.calibrate import calibrate
+from kmlc.errors import KmlcError
+from kmlc.frontends.onnx import load as load_graph
+from kmlc.ir import Graph, I16, I32, Op, TensorType, Value, const, verify
+from kmlc.ops import interpret, run_all
+from kmlc.passes import GRAPH_PASSES, bound_ranges, fold_affine, fold_softmax_argmax
+from kmlc.passes.quantize import quantize
+
+
+def prepared(model):
+    g = load_graph(model, name="t")
+    for _, p in GRAPH_PASSES:
+        g = verify(p(g))
+    return g
+
+
+def normalized_mlp(alpha=1.0):
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Sub", ["x", "mean"], ["c"], name="center"),
+             helper.make_node("Div", ["c", "std"], ["n"], name="scale"),
+             helper.make_node("Mul", ["n", "gain"], ["m"], name="gain"),
+             helper.make_node("Gemm", ["m", "w", "b"], ["h"], name="fc", transB=1, alpha=alpha),
+             helper.make_node("Relu", ["h"], ["y"], name="relu")]
+    inits = {"mean": np.float32([100, -3, 0.5, 2e4]), "std": np.float32([10, 2, 0.1, 5e3]),
+             "gain": np.float32([1, 2, 3, 4]),
+             "w": rng.normal(size=(6, 4)).astype(np.float32),
+             "b": rng.normal(size=6).astype(np.float32)}
+    return make_model(nodes, [("x", ["N", 4])], [("y", ["N", 6])], inits)
+
+
+def sample_rows(n=500, seed=1):
+    r = np.random.default_rng(seed)
+    return (np.float32([100, -3, 0.5, 2e4]) + r.standard_normal((n, 4))
+            * np.float32([10, 2, 0.1, 5e3])).astype(np.float32)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_fold_affine_absorbs_normalization_into_the_first_layer(alpha):
+    g = prepared(normalized_mlp(alpha))
+    g0 = copy.deepcopy(g)
+    g = verify(fold_affine(g))
+    assert [op.kind for op in g.ops] == ["dense"]
+    assert "center (Sub)" in g.ops[0].origin
+    for row in sample_rows(50):
+        a, b = interpret(g0, row[None])[0], interpret(g, row[None])[0]
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+def test_softmax_before_argmax_is_folded_away():
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["h"], name="fc"),
+             helper.make_node("Softmax", ["h"], ["p"], name="sm", axis=1),
+             helper.make_node("ArgMax", ["p"], ["c"], name="am", axis=1, keepdims=0)]
+    m = make_model(nodes, [("x", [1, 3])], [helper.make_tensor_value_info(
+        "c", onnx.TensorProto.INT64, [1])], {"w": np.eye(3, dtype=np.float32)})
+    g = verify(fold_softmax_argmax(prepared(m)))
+    assert [op.kind for op in g.ops] == ["dense", "argmax"]
+    assert g.ops[1].origin == ("sm (Softmax)", "am (ArgMax)")
+
+
+def qdense_graph(k, wbits_value, bias=0):
+    """x: i16[k] -> qdense with every weight = wbits_value, by hand."""
+    x = Value("x", TensorType(I16, (1, k)))
+    w = const("w", np.full((1, k), wbits_value, dtype=np.int16))
+    b = const("b", np.array([bias], dtype=np.int64))
+    y = Value("y", TensorType(I16, (1, 1)))
+    op = Op("qdense", [x, w, b], [y], {"mode": "clamp", "scale": [1e-6], "zp": 0,
+                                        "lo": -32768, "hi": 32767, "shape": [1, 1]}, ("fc (Gemm)",))
+    xi = Value("xi", TensorType(I32, (1, k)))
+    qin = Op("qinput", [xi], [x], {"lo": [-2**31] * k, "hi": [2**31 - 1] * k,
+                                   "center": [0] * k, "shift": [16] * k}, ("input x",))
+    return Graph("t", [xi], [y], [qin, op])
+
+
+def test_accumulator_widened_where_int32_could_overflow():
+    small = verify(bound_ranges(qdense_graph(8, 127)))
+    assert small.ops[1].attrs["acc"] == "i32"
+    big = verify(bound_ranges(qdense_graph(8, 32767)))  # 8 * 32768 * 32767 > 2^31
+    a = big.ops[1].attrs
+    assert a["acc"] == "i64" and a["acc_bound"] == 8 * 32768 * 32767
+    assert big.ops[1].inputs[2].data.dtype == np.int64
+    # the proven bound really is reached by an extreme input, and the
+    # evaluator (the C's mirror) computes it without wrapping
+    acc = run_all(big, np.full((1, 8), -2**31, np.int32))
+    assert acc[big.ops[0].output].min() == -32768
+
+
+def test_proof_fails_naming_the_node_when_int64_cannot_hold_it():
+    with pytest.raises(KmlcError, match=r"fc \(Gemm\).*does not fit in int64"):
+        bound_ranges(qdense_graph(8, 1, bias=2**62))
+
+
+def test_int_interpreter_matches_requant_by_hand():
+    g = verify(bound_ranges(qdense_graph(2, 3, bias=5)))
+    a = g.ops[1].attrs
+    x = np.array([[2**20, -2**20]], dtype=np.int32)  # -> x_q = 16, -16 (shift 16)
+    y = interpret(g, x)[0]
+    acc = 5 + 16 * 3 - 16 * 3
+    exact = acc * a["mult"][0] / 2 ** a["shift"][0]
+    assert y[0, 0] == int(np.floor(abs(exact) + 0.5)) * np.sign(exact)
+
+
+def test_zero_range_feature_is_a_constant(tmp_path):
+    m = normalized_mlp()
+    cal = sample_rows(400)
+    cal[:, 2] = 0.5  # never varies in calibration
+    kcompile(m, tmp_path / "o", targets="user", numerics="fixed", calibration=cal, name="zr")
+    twin = load(tmp_path / "o")
+    x = sample_rows(50, seed=3)
+    a = twin.run(x)
+    x[:, 2] = 7.0  # outside the calibrated single value: clamped back to 0.5
+    assert np.array_equal(twin.run(x), a)
+    enc = twin.fixed
+    assert enc["lo"][2] == enc["hi"][2]
+
+
+def test_encoding_is_documented_and_applied_by_run(tmp_path):
+    m = normalized_mlp()
+    kcompile(m, tmp_path / "o", numerics="fixed", calibration=sample_rows(), name="enc")
+    twin = load(tmp_path / "o")
+    x = sample_rows(20, seed=5)
+    f = np.array(twin.fixed["frac_bits"])
+    manual = np.sign(x * 2.0 ** f) * np.floor(np.abs(x * 2.0 ** f) + 0.5)
+    assert np.array_equal(twin.encode(x), manual.astype(np.int32))
+    header = (tmp_path / "o" / "kernel" / "enc.h").read_text()
+    assert "#define KML_ENC_IN_FRAC_BITS { " + ", ".join(map(str, f)) + " }" in header
+    assert "KML_ENC_OUT_Y_ZERO_POINT" in header and "KML_ENC_OUT_Y_SCALE" in header
+    np.save(tmp_path / "x.npy", x)
+    res = kmlc_cli("run", tmp_path / "o", "--input", tmp_path / "x.npy", "--output",
+                   tmp_path / "y.npy")
+    assert res.returncode == 0, res.stderr
+    assert np.array_equal(np.load(tmp_path / "y.npy"), twin.run(x))
+
+
+def test_weight_bits_forced_and_auto():
+    m = normalized_mlp()
+    for bits, dtype in (("8", np.int8), ("16", np.int16)):
+        p = lower_model(m, name="wb", numerics="fixed", calibration=sample_rows(),
+                        weight_bits=bits)
+        w = [b for b in p.buffers("const") if b.name.endswith("_w")]
+        assert w and all(b.data.dtype == dtype for b in w)
+    p = lower_model(m, name="wb", numerics="fixed", calibration=sample_rows())
+    assert set(p.quant.weight_bits.values()) <= {8, 16}
+    for node, db in p.quant.sqnr_int8.items():
+        assert p.quant.weight_bits[node] == (8 if db >= 60.0 else 16)
+
+
+@pytest.mark.parametrize("data,words", [
+    (np.zeros((5, 3), np.float32), ["calibration data", "(5, 3)", "4"]),
+    (np.zeros((0, 4), np.float32), ["calibration data", "no rows"]),
+    (np.array([[1, 2, np.nan, 4]], np.float32), ["calibration data", "non-finite", "row 0"]),
+    (np.array([["a", "b", "c", "d"]]), ["calibration data", "dtype"]),
+])
+def test_bad_calibration_data(tmp_path, data, words):
+    onnx.save(normalized_mlp(), tmp_path / "m.onnx")
+    np.save(tmp_path / "c.npy", data)
+    out = tmp_path / "o"
+    res = kmlc_cli("compile", tmp_path / "m.onnx", "-o", out, "--numerics", "fixed",
+                   "--calibration", tmp_path / "c.npy")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    line = res.stderr.strip()
+    assert len(line.splitlines()) == 1
+    for w in words:
+        assert w in line, line
+    assert not out.exists()
+
+
+def test_fixed_needs_calibration_and_rejects_unsupported_ops(tmp_path):
+    onnx.save(mlp_model([4, 3, 2]), tmp_path / "m.onnx")
+    res = kmlc_cli("compile", tmp_path / "m.onnx", "-o", tmp_path / "o", "--numerics", "fixed")
+    assert res.returncode == 1 and "--calibration" in res.stderr
+    nodes = [helper.make_node("MatMul", ["x", "x2"], ["y"], name="outer")]
+    m = make_model(nodes, [("x", [1, 4]), ("x2", [4, 4])], [("y", [1, 4])])
+    with pytest.raises(KmlcError, match=r"outer \(MatMul\).*fixed"):
+        lower_model(m, numerics="fixed", calibration=np.ones((10, 20), np.float32), name="u")
