@@ -170,14 +170,13 @@ def requant_call(acc: str, mult: str, shift: str) -> str:
     return f"kml_requant({acc}, {mult}, {shift})"
 
 
-def q_output(p: dict, v: str, mult: str, shift: str, neg: tuple[str, str] | None = None) -> str:
-    """The output stage of a fixed-point kernel: requantize ``v``, then clamp
-    (with a zero point) or look up the nonlinearity."""
-    r = requant_call(v, mult, shift)
+def q_output(p: dict, v: str, mult: str, shift: str, raw: bool = False) -> str:
+    """The output stage of a fixed-point kernel: requantize ``v`` (unless
+    ``raw``: already requantized), then clamp (with a zero point) or look up
+    the nonlinearity."""
+    r = v if raw else requant_call(v, mult, shift)
     if p["mode"] == "lut":
         return f"kml_{p['fn']}_q15(kml_sat_s32({r}))"
-    if neg is not None:
-        r = f"({v} < 0 ? {requant_call(v, *neg)} : {r})"
     zp = p.get("zp", 0)
     r = f"{r} + {zp}" if zp > 0 else (f"{r} - {-zp}" if zp < 0 else r)
     return f"kml_clamp({r}, {p['lo']}, {p['hi']})"
@@ -185,9 +184,7 @@ def q_output(p: dict, v: str, mult: str, shift: str, neg: tuple[str, str] | None
 
 def qdense_epilogue(k: Kernel) -> str:
     ops = k.operands
-    neg = (f"{ops['mult_neg'].name}[n]", f"{ops['shift_neg'].name}[n]") \
-        if "mult_neg" in ops else None
-    return q_output(k.params, "acc", f"{ops['mult'].name}[n]", f"{ops['shift'].name}[n]", neg)
+    return q_output(k.params, "acc", f"{ops['mult'].name}[n]", f"{ops['shift'].name}[n]")
 
 
 def loops_zero(p: dict) -> set[str]:
@@ -262,7 +259,7 @@ def environment() -> jinja2.Environment:
                        arg=arg, matmul_view=matmul_view, loop_vars=loop_vars, loops_zero=loops_zero,
                        initializer=initializer, u32_hex=u32_hex, version=__version__,
                        const_layout=const_layout, macro=macro, qdense_epilogue=qdense_epilogue, q_output=q_output,
-                       zip=zip, enumerate=enumerate)
+                       zip=zip, enumerate=enumerate, dict=dict)
     return env
 
 

@@ -51,31 +51,49 @@ def test_verify_reports_and_fails_past_tolerance(tmp_path):
     assert res.returncode == 1 and "FAIL" in res.stdout and "differ" in res.stderr
 
 
+def clean_source(tmp_path):
+    """The repository's sources without build products (a stale build/
+    directory would otherwise leak old files into the wheel)."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".venv", "build", "*.egg-info", ".git", "__pycache__", ".pytest_cache"))
+    return src
+
+
 def test_wheel_carries_runtime_and_templates(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", tmp_path, ROOT], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path,
+                    clean_source(tmp_path)], check=True, capture_output=True)
     whl = next(tmp_path.glob("kmlc-*.whl"))
     names = set(zipfile.ZipFile(whl).namelist())
-    for f in ("kmlc/runtime_kernel/kml_math.h", "kmlc/runtime_kernel/kml_fpu.h",
-              "kmlc/runtime_kernel/kml_types.h", "kmlc/runtime_user/kml_user_fpu.h",
-              "kmlc/codegen/templates/model_fp.c.j2", "kmlc/frontends/onnx.py",
-              "kmlc/passes/fuse_dense.py", "kmlc/cli.py"):
+    templates = {p.name for p in (ROOT / "compiler" / "codegen" / "templates").glob("*.j2")}
+    headers = {p.name for p in (ROOT / "runtime-kernel").glob("*.h")}
+    assert {"model_core.c.j2", "kernels_fixed.c.j2"} <= templates
+    assert {"kml_math.h", "kml_fixed.h", "kml_lut.h", "kml_fpu.h", "kml_types.h"} <= headers
+    for f in ([f"kmlc/codegen/templates/{t}" for t in templates]
+              + [f"kmlc/runtime_kernel/{h}" for h in headers]
+              + ["kmlc/runtime_user/kml_user_fpu.h", "kmlc/frontends/onnx.py",
+                 "kmlc/passes/quantize.py", "kmlc/cli.py"]):
         assert f in names, f
     assert any(n.endswith("entry_points.txt") for n in names)
 
 
 def test_wheel_installs_and_compiles(tmp_path):
     """``pip install .`` (not editable) into a fresh target works end to end."""
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
-                    "-q", "--target", tmp_path / "site", ROOT], check=True, capture_output=True)
-    code = ("import kmlc, sys; assert kmlc.__file__.startswith(sys.argv[1]);"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    tmp_path / "site", clean_source(tmp_path)], check=True, capture_output=True)
+    code = ("import kmlc, sys, numpy as np; assert kmlc.__file__.startswith(sys.argv[1]);"
             "r = kmlc.compile(sys.argv[2], sys.argv[3], targets='user');"
-            "print(kmlc.load(sys.argv[3]).run([[1, 2, 3, 4, 5]]).shape)")
+            "print(kmlc.load(sys.argv[3]).run([[1, 2, 3, 4, 5]]).shape);"
+            "cal = np.random.default_rng(0).uniform(0, 1e3, (100, 5)).astype('f4');"
+            "kmlc.compile(sys.argv[2], sys.argv[3] + 'q', targets='user', numerics='fixed',"
+            " calibration=cal); print(kmlc.load(sys.argv[3] + 'q').run(cal[:3]).shape)")
     env = {"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"}
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "site"),
                           str(EXAMPLES / "readahead.onnx"), str(tmp_path / "o")],
                          capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert res.returncode == 0 and "(1, 4)" in res.stdout, res.stderr
+    assert res.returncode == 0 and "(1, 4)" in res.stdout and "(3, 4)" in res.stdout, res.stderr
 
 
 def test_bad_usage_is_one_line(tmp_path):

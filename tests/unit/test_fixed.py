@@ -183,3 +183,58 @@ def test_fixed_needs_calibration_and_rejects_unsupported_ops(tmp_path):
     m = make_model(nodes, [("x", [1, 4]), ("x2", [4, 4])], [("y", [1, 4])])
     with pytest.raises(KmlcError, match=r"outer \(MatMul\).*fixed"):
         lower_model(m, numerics="fixed", calibration=np.ones((10, 20), np.float32), name="u")
+
+
+def every_kind_model():
+    """Dense layers with tanh, leaky relu and clip epilogues, a standalone
+    sigmoid and relu (their input has two users), and a softmax: every
+    fixed-point kernel kind."""
+    rng = np.random.default_rng(7)
+    w = lambda *s: (rng.normal(size=s) * 0.6).astype(np.float32)  # noqa: E731
+    nodes = [helper.make_node("Gemm", ["x", "w0", "b0"], ["h0"], name="fc0", transB=1),
+             helper.make_node("Tanh", ["h0"], ["a0"], name="tanh0"),
+             helper.make_node("Gemm", ["a0", "w1", "b1"], ["h1"], name="fc1", transB=1),
+             helper.make_node("LeakyRelu", ["h1"], ["a1"], name="leaky1", alpha=0.1),
+             helper.make_node("Gemm", ["a1", "w2", "b2"], ["h2"], name="fc2", transB=1),
+             helper.make_node("Clip", ["h2", "lo", "hi"], ["a2"], name="clip2"),
+             helper.make_node("Gemm", ["a2", "w3", "b3"], ["h3"], name="fc3", transB=1),
+             helper.make_node("Sigmoid", ["h3"], ["p"], name="sig"),
+             helper.make_node("Relu", ["h3"], ["r"], name="relu"),
+             helper.make_node("Softmax", ["h3"], ["s"], name="soft", axis=1)]
+    inits = {"w0": w(12, 6), "b0": w(12), "w1": w(10, 12), "b1": w(10), "w2": w(8, 10),
+             "b2": w(8), "w3": w(5, 8), "b3": w(5), "lo": np.float32(-0.5),
+             "hi": np.float32(1.0)}
+    return make_model(nodes, [("x", ["N", 6])], [("p", ["N", 5]), ("r", ["N", 5]),
+                                                 ("s", ["N", 5])], inits)
+
+
+def test_every_fixed_kernel_kind(tmp_path):
+    from conftest import EXAMPLES  # noqa: F401  (keeps conftest's path setup)
+    from kmlc.targets import kernel
+    from kmlc.verify import reference_outputs
+
+    m = every_kind_model()
+    rng = np.random.default_rng(8)
+    cal = rng.normal(size=(2000, 6)).astype(np.float32)
+    res = kcompile(m, tmp_path / "o", numerics="fixed", calibration=cal, name="every")
+    kinds = {k.kind for k in res.program.kernels}
+    assert kinds == {"qinput", "qdense", "qact", "qsoftmax"}
+    modes = {(k.params.get("mode"), k.params.get("fn")) for k in res.program.kernels}
+    assert {("lut", "tanh"), ("lut", "sigmoid"), ("clamp", None)} <= modes
+    assert any("mult_neg" in k.operands for k in res.program.kernels)  # fused leaky relu
+    twin = load(tmp_path / "o")
+    # bit-exact against the integer evaluator, on hostile raw inputs too
+    raw = np.concatenate([twin.encode(cal[:200]),
+                          rng.integers(-2**31, 2**31, (200, 6)).astype(np.int32)])
+    g = res.program.quant.int_graph
+    ref = np.stack([np.concatenate([o.reshape(-1) for o in interpret(g, r[None])]) for r in raw])
+    assert np.array_equal(twin.run_raw(raw), ref.astype(np.int32))
+    # close to the float model on in-distribution rows
+    x = rng.normal(size=(300, 6)).astype(np.float32)
+    y, f = twin.run(x), reference_outputs(m, res.program, x)
+    assert np.abs(y - f).max() < 0.02, np.abs(y - f).max(axis=0)
+    assert (y[:, 10:].argmax(1) == f[:, 10:].argmax(1)).mean() >= 0.99
+    kernel.build_module(tmp_path / "o" / "kernel")  # W=1, no warnings
+    for f in (tmp_path / "o" / "kernel").glob("every*.[ch]"):
+        for ln in f.read_text().splitlines():
+            assert len(ln.expandtabs(8)) <= 100, ln
