@@ -151,7 +151,7 @@ def compile(model, outdir, *, targets="all", name: str | None = None, numerics: 
         so = user.build_twin(twin_dir, prog.name, cc=cc)
         (tmp / "kmlc.json").write_text(json.dumps(_manifest(prog, targets, source, sha)))
         goldens = None
-        if "kunit" in targets:
+        if "kunit" in targets or "kernel" in targets:  # KUnit and the module's self-test
             if golden_data is not None:
                 golden_data = check_rows(golden_data, prog.in_elems, "golden data")
             twin = user.Twin(tmp, so=so)

@@ -198,6 +198,24 @@ def kunit(outdirs, arch, jobs):
         raise KmlcError(f"KUnit ({arch}) failed: {res['summary']}")
 
 
+@cli.command("qemu-test")
+@click.argument("outdirs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--kdir", type=click.Path(file_okay=False),
+              help="Kernel build directory (its release picks the Debian kernel image).")
+@click.option("--timeout", default=600, show_default=True, help="Seconds for the whole boot.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Save the serial log.")
+def qemu_test(outdirs, kdir, timeout, log_path):
+    """Boot Debian's kernel in qemu, load the modules and run their tests."""
+    from .targets.qemu import run as run_qemu
+
+    res = run_qemu([Path(d) for d in outdirs], kdir=kdir, timeout=timeout)
+    if log_path:
+        Path(log_path).write_text(res["log"])
+    if not res["ok"]:
+        raise KmlcError("qemu test failed: " + "; ".join(
+            ln for ln in res["lines"] if "PASS" not in ln))
+
+
 def main(argv=None) -> int:
     try:
         cli.main(args=argv, prog_name="kmlc", standalone_mode=False)
