@@ -84,6 +84,33 @@ def golden_inputs(in_elems: int, count: int, seed: int, data: np.ndarray | None)
     return rows.astype(np.float32)
 
 
+HOOKS = ("admission",)
+
+
+def check_hooks(prog: Program, hooks, targets) -> list[str]:
+    """Validate --hooks against the model: each hook fixes the model's
+    interface (the features it feeds, the decision it reads)."""
+    if isinstance(hooks, str):
+        hooks = [hooks]
+    out = [h.strip() for item in hooks for h in str(item).split(",") if h.strip()]
+    for h in out:
+        if h not in HOOKS:
+            raise KmlcError(f"unknown hook '{h}'; available: {', '.join(HOOKS)}")
+    if out and "kernel" not in targets:
+        raise KmlcError("--hooks generate kernel code: compile with --target kernel (or all)")
+    if "admission" in out:
+        if prog.numerics != "fixed":
+            raise KmlcError("the admission hook decides inside the I/O path, where the FPU is "
+                            "off limits: compile with --numerics fixed")
+        if prog.in_elems != 11 or prog.out_elems != 1:
+            raise KmlcError(f"the admission hook feeds Heimdall's 11 features and reads one "
+                            f"output; this model takes {prog.in_elems} and gives "
+                            f"{prog.out_elems}")
+        if prog.quant.outputs[prog.outputs[0].buffer.value].get("index"):
+            raise KmlcError("the admission hook needs a score output, not a class index")
+    return out
+
+
 def check_budget(prog: Program, max_weight_bytes: int, max_workspace_bytes: int) -> None:
     if prog.plan.weight_bytes > max_weight_bytes:
         big = max(prog.buffers("const"), key=lambda b: b.nbytes)
@@ -123,8 +150,8 @@ def compile(model, outdir, *, targets="all", name: str | None = None, numerics: 
             seed: int = 0, max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
             max_workspace_bytes: int = DEFAULT_MAX_WORKSPACE_BYTES,
             cc: str | None = None, calibration: np.ndarray | None = None,
-            weight_bits: str = "auto", input_frac_bits: list[int] | None = None
-            ) -> CompileResult:
+            weight_bits: str = "auto", input_frac_bits: list[int] | None = None,
+            hooks=()) -> CompileResult:
     """Compile ``model`` (an ONNX path or ModelProto) into ``outdir``;
     ``numerics="fixed"`` needs ``calibration`` rows (N, in_elems)."""
     from .codegen import emit
@@ -137,6 +164,7 @@ def compile(model, outdir, *, targets="all", name: str | None = None, numerics: 
                        calibration=calibration, weight_bits=weight_bits,
                        input_frac_bits=input_frac_bits)
     check_budget(prog, max_weight_bytes, max_workspace_bytes)
+    prog.hooks = check_hooks(prog, hooks, targets)
     raw, source = _model_bytes(model)
     sha = hashlib.sha256(raw).hexdigest()
     render = lambda ts, goldens=None: emit.render(  # noqa: E731
@@ -241,6 +269,7 @@ def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> di
         "kernels": len(prog.kernels),
         "golden_vectors": 0 if goldens is None else int(len(goldens[0])),
         "fixed": fixed_interface(prog),
+        "hooks": list(getattr(prog, "hooks", []) or []),
     }
 
 

@@ -67,6 +67,8 @@ def cli():
               type=click.Choice(["auto", "8", "16"]), help="Fixed point: weight width per layer.")
 @click.option("--input-frac-bits", help="Fixed point: fraction bits of the int32 inputs, one "
               "value or one per input element (default: chosen from the calibration range).")
+@click.option("--hooks", multiple=True, help="Kernel hooks to generate: admission "
+              "(a device-mapper target).")
 @click.option("--print-after-all", is_flag=True, help="Print the IR after every pass (stderr).")
 @click.option("--golden-data", type=click.Path(dir_okay=False),
               help="Rows (N, in_elems) .npy to use as KUnit golden inputs.")
@@ -75,7 +77,7 @@ def cli():
 @click.option("--max-weight-bytes", default=1 << 20, show_default=True, type=int)
 @click.option("--max-workspace-bytes", default=64 << 10, show_default=True, type=int)
 def compile_cmd(model, outdir, targets, name, numerics, calibration, weight_bits,
-                input_frac_bits, print_after_all, golden_data, golden_count, seed,
+                input_frac_bits, hooks, print_after_all, golden_data, golden_count, seed,
                 max_weight_bytes, max_workspace_bytes):
     """Compile MODEL (.onnx) into OUTDIR: kernel/, user/, kunit/."""
     from .api import compile as kcompile
@@ -86,7 +88,8 @@ def compile_cmd(model, outdir, targets, name, numerics, calibration, weight_bits
                  print_after=_print_stage if print_after_all else None, golden_data=data,
                  golden_count=golden_count, seed=seed, max_weight_bytes=max_weight_bytes,
                  max_workspace_bytes=max_workspace_bytes, calibration=cal,
-                 weight_bits=weight_bits, input_frac_bits=_int_list(input_frac_bits))
+                 weight_bits=weight_bits, input_frac_bits=_int_list(input_frac_bits),
+                 hooks=hooks)
     m = r.manifest
     click.echo(f"kmlc: compiled {m['name']} ({m['numerics']}): {m['in_elems']} -> "
                f"{m['out_elems']} values, {m['kernels']} kernels, weights {m['weight_bytes']} B, "

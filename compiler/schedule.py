@@ -78,6 +78,7 @@ class Program:
     kernels: list[Kernel]
     plan: object = None   # planner.MemoryPlan once planned
     quant: object = None  # passes.quantize.QuantInfo for fixed-point programs
+    hooks: list = field(default_factory=list)  # kernel hooks generated with the model
 
     def buffers(self, kind: str | None = None) -> list[Buffer]:
         seen: dict[Buffer, None] = {}

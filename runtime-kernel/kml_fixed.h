@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * kml_fixed.h - integer arithmetic for kmlc's fixed-point models
+ * Integer arithmetic for kmlc's fixed-point models
  *
  * The one definition of rounding, requantization, clamping and the
  * table-driven nonlinearities used by both the kernel module and the

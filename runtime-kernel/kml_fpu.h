@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * kml_fpu.h - the FPU section around a float model
+ * The FPU section around a float model
  *
  * Include only from integer-only code: the model's entry-point file, which
  * is compiled without FPU flags and calls into the float translation unit

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * kml_math.h - float32 elementwise math for kmlc models
+ * Float32 elementwise math for kmlc models
  *
  * This is the one definition of exp, sigmoid, tanh and the clamping
  * activations used by both the kernel module and the userspace twin.  It

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * kml_types.h - what kmlc's generated C needs from its environment
+ * What kmlc's generated C needs from its environment
  *
  * Kernel builds take the kernel's own types and errno values; the userspace
  * twin gets the same names from the C library.  Nothing else in the

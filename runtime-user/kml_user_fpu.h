@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * kml_user_fpu.h - the userspace twin's stand-in for kernel_fpu_begin/end
+ * The userspace twin's stand-in for kernel_fpu_begin/end
  *
  * kernel_fpu_begin() loads MXCSR_DEFAULT (0x1f80: round to nearest even,
  * no flush-to-zero, no denormals-are-zero, all exceptions masked).  A

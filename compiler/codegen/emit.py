@@ -307,7 +307,23 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         "live": {r.name: (r.start, r.end) for r in prog.plan.requests},
         "user_cflags": user_cflags, "fixed": fixed, "core": core_name(prog),
         "io": "s32" if fixed else "float", "luts": luts, "encoding": fixed_interface(prog),
+        "hooks": list(getattr(prog, "hooks", ()) or ()), "hook_files": HOOK_FILES,
+        **hook_context(prog),
     }
+
+
+HOOK_FILES = {"admission": "admit"}
+
+
+def hook_context(prog: Program) -> dict:
+    """What the hook templates print about the model's decision."""
+    enc = fixed_interface(prog)
+    if not enc:
+        return {}
+    out = enc["outputs"][0]
+    if out.get("q15"):
+        return {"decline_at": 16384, "decline_doc": "probability 0.5 in Q0.15"}
+    return {"decline_at": out.get("zp", 0), "decline_doc": "the quantized 0 (logit >= 0)"}
 
 
 def model_sources(env, ctx) -> dict[str, str]:
@@ -336,10 +352,16 @@ def render(prog: Program, targets: list[str], *, source: str, sha256: str,
         files["kernel/Kbuild"] = env.get_template("Kbuild.j2").render(ctx)
         files["kernel/Makefile"] = env.get_template("Makefile.kernel.j2").render(ctx)
         files[f"kernel/{n}_mod.c"] = env.get_template("module.c.j2").render(kctx)
+        for h in ctx["hooks"]:
+            files[f"kernel/{n}_{HOOK_FILES[h]}.c"] = env.get_template(f"hook_{HOOK_FILES[h]}.c.j2").render(ctx)
+            files[f"kernel/{n}_hook.h"] = env.get_template("hook.h.j2").render(ctx)
+            files[f"kernel/{n}_policy.h"] = env.get_template(f"policy_{HOOK_FILES[h]}.h.j2").render(ctx)
     if "user" in targets:
         files.update({f"user/{k}": v for k, v in model.items()})
         files["user/Makefile"] = env.get_template("Makefile.user.j2").render(ctx)
         files[f"user/{n}_twin.c"] = env.get_template("twin.c.j2").render(ctx)
+        for h in ctx["hooks"]:
+            files[f"user/{n}_policy.h"] = env.get_template(f"policy_{HOOK_FILES[h]}.h.j2").render(ctx)
     if "kunit" in targets:
         assert goldens is not None
         files.update({f"kunit/{k}": v for k, v in model.items()})

@@ -1,8 +1,164 @@
-"""Hook modules' qemu scenarios (none yet: the model's own self-test runs)."""
+"""The kernel hooks' real-kernel tests (qemu) and their userspace replay.
+
+Each hook kind contributes, to the qemu boot of ``kmlc qemu-test``, the
+Debian modules and helper programs it needs and a shell scenario that runs
+while the model's module is loaded.  A scenario prints ``KMLC-RESULT`` lines
+(see ``targets/qemu.py``) and may dump the module's debugfs trace between
+``KMLC-TRACE-BEGIN <hook>`` / ``KMLC-TRACE-END`` for replay through the twin.
+
+admission  two null_blk replicas with identical random data, the primary
+           slow (10 ms completions); the dm target over them; 16 concurrent
+           readers, 4 rounds, every region checksummed; then 100 attach /
+           detach cycles of the model under the same load; then 100
+           load / create / read / remove / unload cycles of the module.
+           Passes when no checksum differs, >= 80% of reads go to the
+           replica, and free memory does not drift.
+"""
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
+import numpy as np
 
-def scenarios(outdir: Path, kdir: Path) -> list:
-    return []
+from ..errors import KmlcError
+from .kunit import cache_dir, locked
+
+TOOLS = Path(__file__).resolve().parent / "qemu_tools"
+MODULE_ARGS = {"null_blk": "nr_devices=0"}
+
+
+def tool(name: str) -> Path:
+    """A static helper binary for the initramfs, built once and cached."""
+    src = TOOLS / f"{name}.c"
+    out = cache_dir() / "qemu" / "tools" / name
+    with locked("qemu-tools"):
+        if not out.is_file() or out.stat().st_mtime < src.stat().st_mtime:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            res = subprocess.run(["gcc", "-static", "-O2", "-Wall", "-o", str(out), str(src)],
+                                 capture_output=True, text=True)
+            if res.returncode:
+                raise KmlcError(f"cannot build {name} statically (install libc6-dev): "
+                                + res.stderr.strip()[-500:])
+    return out
+
+
+ADMISSION = r"""
+M={module}
+P=/sys/module/$M/parameters
+C=/sys/kernel/config/nullb
+echo 1 > $P/trace
+# null_blk names each disk after its configfs directory
+for d in nullb0 nullb1; do
+    mkdir $C/$d
+    echo 64 > $C/$d/size; echo 1 > $C/$d/memory_backed
+    echo 4096 > $C/$d/blocksize; echo 2 > $C/$d/irqmode
+done
+echo 10000000 > $C/nullb0/completion_nsec
+echo 20000 > $C/nullb1/completion_nsec
+echo 1 > $C/nullb0/power; echo 1 > $C/nullb1/power
+S=/dev/nullb0; F=/dev/nullb1  # slow primary, fast replica
+dd if=/dev/urandom of=/tmp/data bs=1M count=16 2>/dev/null
+dd if=/tmp/data of=$S bs=1M 2>/dev/null; dd if=/tmp/data of=$F bs=1M 2>/dev/null; sync
+for i in $(seq 0 15); do
+    dd if=/tmp/data bs=64k skip=$((i * 16)) count=16 2>/dev/null | md5sum > /tmp/want.$i
+done
+bad=0
+read_all() {{
+    for i in $(seq 0 15); do
+        dd if=$1 bs=64k skip=$((i * 16)) count=16 2>/dev/null | md5sum > /tmp/got.$i &
+    done
+    wait
+    for i in $(seq 0 15); do
+        [ "$(cat /tmp/got.$i)" = "$(cat /tmp/want.$i)" ] || bad=$((bad + 1))
+    done
+}}
+kml_dmsetup create kmladm "0 32768 $M $S $F" || echo "KMLC-RESULT $M-admission FAIL create"
+DEV=/dev/$(ls /sys/block | grep dm- | head -1)
+for round in 1 2 3 4; do echo 3 > /proc/sys/vm/drop_caches; read_all $DEV; done
+ST=$(ls -d /sys/kernel/debug/$M/dm-*)/stats
+cat $ST
+reads=$(awk '/^reads/{{print $2}}' $ST); rep=$(awk '/^to_replica/{{print $2}}' $ST)
+echo KMLC-TRACE-BEGIN admission
+cat $(dirname $ST)/trace
+echo KMLC-TRACE-END
+if [ $bad -eq 0 ] && [ $reads -ge 200 ] && [ $((rep * 100)) -ge $((reads * 80)) ]; then
+    echo "KMLC-RESULT $M-admission PASS reads=$reads to_replica=$rep checksum_errors=$bad"
+else
+    echo "KMLC-RESULT $M-admission FAIL reads=$reads to_replica=$rep checksum_errors=$bad"
+fi
+# attach and detach the model 100 times under load
+echo 0 > $P/trace
+bad=0
+( for round in 1 2 3; do echo 3 > /proc/sys/vm/drop_caches; read_all $DEV; done
+  echo $bad > /tmp/bad.load ) &
+for c in $(seq 100); do echo 0 > $P/enabled; echo 1 > $P/enabled; done
+wait
+lbad=$(cat /tmp/bad.load)
+[ "$lbad" = 0 ] && echo "KMLC-RESULT $M-attach-cycles PASS 100 cycles under load" ||
+    echo "KMLC-RESULT $M-attach-cycles FAIL checksum_errors=$lbad"
+kml_dmsetup remove kmladm || echo "KMLC-RESULT $M-admission FAIL remove"
+rmmod $M
+# load, create, read, remove and unload 100 times
+echo 3 > /proc/sys/vm/drop_caches
+before=$(awk '/^MemFree/{{print $2}}' /proc/meminfo)
+bad=0
+for c in $(seq 100); do
+    insmod /lib/kmlc/{ko} || bad=$((bad + 1))
+    kml_dmsetup create kmladm "0 32768 $M $S $F" || bad=$((bad + 1))
+    DEV=/dev/$(ls /sys/block | grep dm- | head -1)
+    [ "$(dd if=$DEV bs=64k count=4 2>/dev/null | md5sum)" = \
+      "$(dd if=/tmp/data bs=64k count=4 2>/dev/null | md5sum)" ] || bad=$((bad + 1))
+    kml_dmsetup remove kmladm || bad=$((bad + 1))
+    rmmod $M || bad=$((bad + 1))
+done
+echo 3 > /proc/sys/vm/drop_caches
+after=$(awk '/^MemFree/{{print $2}}' /proc/meminfo)
+if [ $bad -eq 0 ] && [ $((before - after)) -lt 4096 ]; then
+    echo "KMLC-RESULT $M-reload-cycles PASS 100 cycles, MemFree $before -> $after kB"
+else
+    echo "KMLC-RESULT $M-reload-cycles FAIL errors=$bad MemFree $before -> $after kB"
+fi
+insmod /lib/kmlc/{ko}
+"""
+
+
+def qemu_parts(outdir: Path, meta: dict, ko: Path) -> tuple[list[str], dict, str]:
+    """(Debian modules, initramfs files, scenario) for a model's hooks."""
+    needs: list[str] = []
+    files: dict[str, Path] = {}
+    script = ""
+    for h in meta.get("hooks", []):
+        if h == "admission":
+            needs += ["dm-mod", "null_blk"]
+            files["bin/kml_dmsetup"] = tool("kml_dmsetup")
+            script += ADMISSION.format(module=meta["module"], ko=ko.name)
+    return needs, files, script
+
+
+# ---- replay ------------------------------------------------------------------------
+
+TRACE = re.compile(r"KMLC-TRACE-BEGIN (\S+)\n(.*?)KMLC-TRACE-END", re.S)
+
+
+def parse_admission_trace(text: str):
+    """The module's debugfs trace as (events for the twin, the module's
+    features, the module's decisions)."""
+    events, feats, decisions = [], [], []
+    for ln in text.splitlines():
+        p = ln.split()
+        if not p:
+            continue
+        if p[0] == "D":
+            events.append([1, int(p[1]), int(p[2]), int(p[3])])
+        elif p[0] == "R":
+            events.append([0, int(p[1]), int(p[2]), 0])
+            decisions.append(int(p[3]))
+            feats.append([int(v) for v in p[4:]])
+    return (np.array(events, dtype=np.int64).reshape(-1, 4),
+            np.array(feats, dtype=np.int32), np.array(decisions, dtype=np.int32))
+
+
+def traces(log: str) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in TRACE.finditer(log)}

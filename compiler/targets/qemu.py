@@ -107,7 +107,7 @@ def build_initramfs(image: Path, scenarios: list[Scenario], init: str) -> bytes:
     entries.append(("bin/busybox", busybox, stat.S_IFREG | 0o755))
     for applet in ("sh", "mount", "insmod", "rmmod", "cat", "echo", "dmesg", "poweroff",
                    "sleep", "ls", "grep", "md5sum", "dd", "mkdir", "seq", "awk", "wc", "head",
-                   "tail", "sync", "uname", "expr", "test", "["):
+                   "tail", "sync", "uname", "expr", "test", "[", "dirname", "cut", "cmp"):
         entries.append((f"bin/{applet}", b"busybox", stat.S_IFLNK | 0o777))
     needed: list[str] = []
     for sc in scenarios:
@@ -136,8 +136,11 @@ def init_script(scenarios: list[Scenario]) -> str:
             for dep in DEBIAN_MODULES[m] + [m]:
                 if dep not in needed:
                     needed.append(dep)
+    from .hooks import MODULE_ARGS
+
     for m in needed:
-        lines.append(f"insmod /lib/debian/{m}.ko || echo 'KMLC-RESULT {m} FAIL insmod'")
+        args = MODULE_ARGS.get(m, "")
+        lines.append(f"insmod /lib/debian/{m}.ko {args} || echo 'KMLC-RESULT {m} FAIL insmod'")
         if m == "configfs":
             lines.append("mount -t configfs none /sys/kernel/config")
     for sc in scenarios:
@@ -148,9 +151,14 @@ def init_script(scenarios: list[Scenario]) -> str:
 
 
 def model_scenario(outdir: Path, kdir=None) -> Scenario:
+    """Load the model's module (its self-test runs), run its hooks'
+    scenarios, unload it."""
+    from .hooks import qemu_parts
+
     meta = json.loads((Path(outdir) / "kmlc.json").read_text())
     mod = meta["module"]
     ko = build_module(Path(outdir) / "kernel", kdir=kdir)
+    needs, files, hook_script = qemu_parts(Path(outdir), meta, ko)
     script = f"""
 if insmod /lib/kmlc/{ko.name}; then
     if dmesg | grep -q "{mod}: selftest: .* bit-identical"; then
@@ -158,11 +166,12 @@ if insmod /lib/kmlc/{ko.name}; then
     else
         echo "KMLC-RESULT {mod} FAIL no selftest line"
     fi
+{hook_script}
     rmmod {mod} || echo "KMLC-RESULT {mod}-unload FAIL rmmod"
 else
     echo "KMLC-RESULT {mod} FAIL insmod (selftest or symbol error: see dmesg)"
 fi"""
-    return Scenario(mod, ko, script=script)
+    return Scenario(mod, ko, needs=needs, files=files, script=script)
 
 
 def boot(initramfs: bytes, image: Path, *, timeout: int = 300, memory: str = "512M",
@@ -206,15 +215,10 @@ def check(log: str) -> tuple[bool, list[str]]:
 
 
 def run(outdirs: list[Path], *, kdir=None, timeout: int = 600, log=print) -> dict:
-    from . import hooks
-
     k = find_kdir(kdir)
     release = release_of(k)
     image = kernel_image(release)
-    scenarios = []
-    for d in outdirs:
-        scenarios.append(model_scenario(d, kdir=k))
-        scenarios += hooks.scenarios(Path(d), k)
+    scenarios = [model_scenario(d, kdir=k) for d in outdirs]
     init = init_script(scenarios)
     out = boot(build_initramfs(image, scenarios, init), image, timeout=timeout, log=log)
     ok, lines = check(out)

@@ -139,6 +139,25 @@ class Twin:
             raise KmlcError(f"kml_{self.name}_infer returned {ret}")
         return y
 
+    def admit_replay(self, events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Replay an admission trace (rows {kind, a, b, c}, see
+        kml_<name>_admit_replay) through the same feature code and policy
+        as the module: returns (features, decisions) per read."""
+        if "admission" not in self.meta.get("hooks", []):
+            raise KmlcError("this model was compiled without --hooks admission")
+        fn = getattr(self.lib, f"kml_{self.name}_admit_replay")
+        p = ctypes.c_void_p
+        fn.argtypes, fn.restype = [p, ctypes.c_ulong, p, p, p], ctypes.c_long
+        ev = np.ascontiguousarray(events, dtype=np.int64).reshape(-1, 4)
+        reads = int((ev[:, 0] == 0).sum())
+        feats = np.zeros((reads, 11), dtype=np.int32)
+        dec = np.zeros(reads, dtype=np.int32)
+        n = fn(ev.ctypes.data, len(ev), feats.ctypes.data, dec.ctypes.data,
+               self._workspace.ctypes.data)
+        if n < 0:
+            raise KmlcError(f"kml_{self.name}_admit_replay returned {n}")
+        return feats, dec
+
     def run(self, x) -> np.ndarray:
         """Float rows in, float rows out, through exactly the module's path."""
         x = np.asarray(x)

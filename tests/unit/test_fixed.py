@@ -9,13 +9,11 @@ from onnx import helper
 
 from conftest import kmlc_cli, make_model, mlp_model
 from kmlc.api import compile as kcompile, load, lower_model
-from kmlc.calibrate import calibrate
 from kmlc.errors import KmlcError
 from kmlc.frontends.onnx import load as load_graph
 from kmlc.ir import Graph, I16, I32, Op, TensorType, Value, const, verify
 from kmlc.ops import interpret, run_all
 from kmlc.passes import GRAPH_PASSES, bound_ranges, fold_affine, fold_softmax_argmax
-from kmlc.passes.quantize import quantize
 
 
 def prepared(model):
@@ -209,7 +207,6 @@ def every_kind_model():
 
 
 def test_every_fixed_kernel_kind(tmp_path):
-    from conftest import EXAMPLES  # noqa: F401  (keeps conftest's path setup)
     from kmlc.targets import kernel
     from kmlc.verify import reference_outputs
 

@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Integer feature extractors for kmlc's kernel hooks
+ *
+ * One definition, compiled into the hook module and into the userspace
+ * twin, so that a recorded event trace replayed through the twin gives the
+ * features and decisions the module computed, bit for bit.  Integer
+ * arithmetic only (hooks run in atomic context); every division has a
+ * non-zero divisor; every result is saturated to s32.
+ *
+ * Features leave here already encoded for a fixed-point model:
+ * value * 2^frac, rounded to nearest (ties up), saturated to s32.
+ */
+#ifndef KML_FEATURES_H
+#define KML_FEATURES_H
+
+#include "kml_types.h"
+
+#define KML_S32_MAX 2147483647LL
+
+/* v * 2^frac for a non-negative integer v, saturated to s32. */
+static inline s32 kml_q_int(u64 v, unsigned int frac)
+{
+	return v > ((u64)KML_S32_MAX >> frac) ? (s32)KML_S32_MAX : (s32)(v << frac);
+}
+
+/*
+ * round(num * 2^frac / den), ties up, saturated to s32; den 0 counts as 1.
+ * Long division, one bit at a time, so no intermediate exceeds
+ * 2 * den: exact for any u64 operands, no 128-bit arithmetic.
+ */
+static inline s32 kml_q_div(u64 num, u64 den, unsigned int frac)
+{
+	u64 q, r;
+	unsigned int i;
+
+	if (!den)
+		den = 1;
+	q = num / den;
+	r = num % den;
+	if (q > ((u64)KML_S32_MAX >> frac))
+		return (s32)KML_S32_MAX;
+	for (i = 0; i < frac; i++) {
+		q <<= 1;
+		if (r >= den - r) {	/* 2r >= den, without overflow */
+			q |= 1;
+			r = r - (den - r);
+		} else {
+			r <<= 1;
+		}
+	}
+	if (r >= den - r)	/* round half up */
+		q++;
+	return q > KML_S32_MAX ? (s32)KML_S32_MAX : (s32)q;
+}
+
+/* ---- Heimdall admission (brief §2) -------------------------------------------
+ *
+ * Per replicated device: the current queue length (reads in flight on the
+ * primary) and the last three completions on it: queue length at submit,
+ * latency and throughput.  Feature vector, in this order:
+ *   size (B), queue length, 3 x past queue length, 3 x latency (us),
+ *   3 x throughput (B/us).
+ * Latencies are floored at 1 us, so throughput never divides by zero.
+ */
+#define KML_ADMIT_FEATURES 11
+#define KML_ADMIT_HISTORY 3
+
+struct kml_admit_state {
+	u32 qlen[KML_ADMIT_HISTORY];
+	u64 lat_us[KML_ADMIT_HISTORY];
+	u64 bytes[KML_ADMIT_HISTORY];
+};
+
+/* A read finished on the primary: it had qlen reads ahead of it. */
+static inline void kml_admit_complete(struct kml_admit_state *s, u32 qlen, u64 lat_ns,
+				      u64 bytes)
+{
+	int i;
+
+	for (i = KML_ADMIT_HISTORY - 1; i > 0; i--) {
+		s->qlen[i] = s->qlen[i - 1];
+		s->lat_us[i] = s->lat_us[i - 1];
+		s->bytes[i] = s->bytes[i - 1];
+	}
+	s->qlen[0] = qlen;
+	s->lat_us[0] = lat_ns / 1000 ? lat_ns / 1000 : 1;
+	s->bytes[0] = bytes;
+}
+
+/* The encoded feature vector for a read of size bytes with qlen in flight. */
+static inline void kml_admit_features(const struct kml_admit_state *s, u64 size, u32 qlen,
+				      const u8 *frac, s32 *f)
+{
+	int i;
+
+	f[0] = kml_q_int(size, frac[0]);
+	f[1] = kml_q_int(qlen, frac[1]);
+	for (i = 0; i < KML_ADMIT_HISTORY; i++) {
+		f[2 + i] = kml_q_int(s->qlen[i], frac[2 + i]);
+		f[5 + i] = kml_q_int(s->lat_us[i], frac[5 + i]);
+		/* an empty slot (no completion yet) has throughput 0 */
+		f[8 + i] = s->lat_us[i] ? kml_q_div(s->bytes[i], s->lat_us[i], frac[8 + i]) : 0;
+	}
+}
+
+#endif /* KML_FEATURES_H */
