@@ -84,7 +84,7 @@ def golden_inputs(in_elems: int, count: int, seed: int, data: np.ndarray | None)
     return rows.astype(np.float32)
 
 
-HOOKS = ("admission",)
+HOOKS = ("admission", "readahead")
 
 
 def check_hooks(prog: Program, hooks, targets) -> list[str]:
@@ -108,6 +108,14 @@ def check_hooks(prog: Program, hooks, targets) -> list[str]:
                             f"{prog.out_elems}")
         if prog.quant.outputs[prog.outputs[0].buffer.value].get("index"):
             raise KmlcError("the admission hook needs a score output, not a class index")
+    if "readahead" in out:
+        if prog.in_elems != 5 or prog.out_elems != 4 or len(prog.outputs) != 1 \
+                or prog.outputs[0].type.dtype.name == "i64":
+            raise KmlcError(f"the readahead hook feeds KML's 5 features and reads 4 class "
+                            f"scores; this model takes {prog.in_elems} and gives "
+                            f"{prog.out_elems}")
+    if len(out) > 1:
+        raise KmlcError("one hook per model: compile the model once per hook")
     return out
 
 

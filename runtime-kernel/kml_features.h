@@ -104,4 +104,76 @@ static inline void kml_admit_features(const struct kml_admit_state *s, u64 size,
 	}
 }
 
+/* ---- KML readahead (brief §2) ------------------------------------------------
+ *
+ * Per file and window: the page offsets of the page-cache misses that
+ * reach readahead.  Feature vector, in this order:
+ *   transactions in the window, variance of the offsets / (max - min)
+ *   (population, and with n - 1), mean |offset difference| between
+ *   successive events, current readahead in sectors / 1024.
+ * The variance is computed exactly from integer sums, which is what
+ * Welford's method computes in exact arithmetic.  Offsets are taken
+ * relative to the window's first one and clamped to +-2^20 pages, and a
+ * window holds at most KML_RA_MAX_EVENTS events, so n * sum(d^2) < 2^61.
+ */
+#define KML_RA_FEATURES 5
+#define KML_RA_MAX_EVENTS 1024
+#define KML_RA_SPAN (1LL << 20)
+
+struct kml_ra_window {
+	u32 n;
+	s64 first, last, min, max;	/* offsets relative to first, clamped */
+	s64 sum;
+	u64 sum_sq, sum_abs_diff;
+};
+
+static inline void kml_ra_reset(struct kml_ra_window *w)
+{
+	w->n = 0;
+	w->sum = 0;
+	w->sum_sq = 0;
+	w->sum_abs_diff = 0;
+}
+
+/* Adds a miss at page offset index; false once the window is full. */
+static inline bool kml_ra_add(struct kml_ra_window *w, u64 index)
+{
+	s64 d;
+
+	if (w->n >= KML_RA_MAX_EVENTS)
+		return false;
+	if (!w->n) {
+		w->first = (s64)(index & (((u64)1 << 62) - 1));
+		w->last = 0;
+		w->min = 0;
+		w->max = 0;
+	}
+	d = (s64)(index & (((u64)1 << 62) - 1)) - w->first;
+	d = d < -KML_RA_SPAN ? -KML_RA_SPAN : d > KML_RA_SPAN ? KML_RA_SPAN : d;
+	if (w->n)
+		w->sum_abs_diff += d > w->last ? (u64)(d - w->last) : (u64)(w->last - d);
+	w->last = d;
+	w->min = d < w->min ? d : w->min;
+	w->max = d > w->max ? d : w->max;
+	w->sum += d;
+	w->sum_sq += (u64)(d < 0 ? -d : d) * (u64)(d < 0 ? -d : d);
+	w->n++;
+	return true;
+}
+
+/* The encoded features of a window of at least two events. */
+static inline void kml_ra_features(const struct kml_ra_window *w, u32 ra_pages,
+				   const u8 *frac, s32 *f)
+{
+	u64 n = w->n, range = (u64)(w->max - w->min);
+	u64 s = w->sum < 0 ? (u64)(-w->sum) : (u64)w->sum;
+	u64 var_n2 = n * w->sum_sq - s * s;	/* n^2 * variance, exact and >= 0 */
+
+	f[0] = kml_q_int(n, frac[0]);
+	f[1] = range ? kml_q_div(var_n2, n * n * range, frac[1]) : 0;
+	f[2] = range && n > 1 ? kml_q_div(var_n2, n * (n - 1) * range, frac[2]) : 0;
+	f[3] = n > 1 ? kml_q_div(w->sum_abs_diff, n - 1, frac[3]) : 0;
+	f[4] = kml_q_div((u64)ra_pages * 8, 1024, frac[4]);	/* sectors / 1024 */
+}
+
 #endif /* KML_FEATURES_H */

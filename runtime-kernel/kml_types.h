@@ -15,6 +15,7 @@
 #include <linux/types.h>
 #else
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 typedef uint8_t u8;
 typedef uint16_t u16;

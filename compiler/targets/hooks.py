@@ -13,6 +13,10 @@ admission  two null_blk replicas with identical random data, the primary
            load / create / read / remove / unload cycles of the module.
            Passes when no checksum differs, >= 80% of reads go to the
            replica, and free memory does not drift.
+readahead  two null_blk disks; a sequential reader on one and a random
+           reader on the other, one file descriptor each; passes when the
+           sequential file ends with more readahead than the random one;
+           then 100 unload / reload cycles while both readers run.
 """
 from __future__ import annotations
 
@@ -124,6 +128,56 @@ insmod /lib/kmlc/{ko}
 """
 
 
+READAHEAD = r"""
+M={module}
+P=/sys/module/$M/parameters
+D=/sys/kernel/debug/$M
+C=/sys/kernel/config/nullb
+echo 1 > $P/trace
+echo 16 > $P/window_events
+for d in nullb0 nullb1; do
+    mkdir $C/$d; echo 256 > $C/$d/size; echo 1 > $C/$d/power
+done
+newest() {{ sort -n $D/files | tail -1; }}
+seq_sum=$(kml_reader seq /dev/nullb0 65536 8192)
+seq_file=$(newest)
+rand_sum=$(kml_reader rand /dev/nullb1 65536 2048 7)
+rand_file=$(newest)
+cat $D/stats
+echo "sequential reader: $seq_file; random reader: $rand_file (id ino class ra_pages)"
+seq_ra=$(echo $seq_file | awk '{{print $4}}'); rand_ra=$(echo $rand_file | awk '{{print $4}}')
+windows=$(awk '/^windows/{{print $2}}' $D/stats)
+echo KMLC-TRACE-BEGIN readahead
+cat $D/trace
+echo KMLC-TRACE-END
+if [ -n "$seq_ra" ] && [ -n "$rand_ra" ] && [ "$seq_ra" -gt "$rand_ra" ] && [ "$windows" -gt 0 ]; then
+    echo "KMLC-RESULT $M-readahead PASS sequential ra_pages=$seq_ra > random ra_pages=$rand_ra, $windows windows"
+else
+    echo "KMLC-RESULT $M-readahead FAIL sequential ra_pages=$seq_ra random ra_pages=$rand_ra windows=$windows"
+fi
+echo 0 > $P/trace
+# unload and reload 100 times while two readers keep missing
+( kml_reader rand /dev/nullb1 65536 200000 3 > /tmp/bg1 ) &
+( kml_reader seq /dev/nullb0 65536 400000 > /tmp/bg2 ) &
+echo 3 > /proc/sys/vm/drop_caches
+before=$(awk '/^MemFree/{{print $2}}' /proc/meminfo)
+bad=0
+for c in $(seq 100); do
+    rmmod $M || bad=$((bad + 1))
+    insmod /lib/kmlc/{ko} window_events=16 || bad=$((bad + 1))
+done
+wait
+echo 3 > /proc/sys/vm/drop_caches
+after=$(awk '/^MemFree/{{print $2}}' /proc/meminfo)
+[ "$(cat /tmp/bg1)" = "$(kml_reader rand /dev/nullb1 65536 200000 3)" ] || bad=$((bad + 1))
+if [ $bad -eq 0 ] && [ $((before - after)) -lt 4096 ]; then
+    echo "KMLC-RESULT $M-reload-cycles PASS 100 cycles under load, MemFree $before -> $after kB"
+else
+    echo "KMLC-RESULT $M-reload-cycles FAIL errors=$bad MemFree $before -> $after kB"
+fi
+"""
+
+
 def qemu_parts(outdir: Path, meta: dict, ko: Path) -> tuple[list[str], dict, str]:
     """(Debian modules, initramfs files, scenario) for a model's hooks."""
     needs: list[str] = []
@@ -134,6 +188,10 @@ def qemu_parts(outdir: Path, meta: dict, ko: Path) -> tuple[list[str], dict, str
             needs += ["dm-mod", "null_blk"]
             files["bin/kml_dmsetup"] = tool("kml_dmsetup")
             script += ADMISSION.format(module=meta["module"], ko=ko.name)
+        elif h == "readahead":
+            needs += ["null_blk"]
+            files["bin/kml_reader"] = tool("kml_reader")
+            script += READAHEAD.format(module=meta["module"], ko=ko.name)
     return needs, files, script
 
 
@@ -158,6 +216,22 @@ def parse_admission_trace(text: str):
             feats.append([int(v) for v in p[4:]])
     return (np.array(events, dtype=np.int64).reshape(-1, 4),
             np.array(feats, dtype=np.int32), np.array(decisions, dtype=np.int32))
+
+
+def parse_readahead_trace(text: str):
+    """The module's readahead trace as (events for the twin, the module's
+    features and classes for each window it closed)."""
+    events, feats, classes = [], [], []
+    for ln in text.splitlines():
+        p = [int(v) for v in ln.split()]
+        if len(p) != 10:
+            continue
+        events.append(p[:4])
+        if p[3] & 2:
+            feats.append(p[5:])
+            classes.append(p[4])
+    return (np.array(events, dtype=np.int64).reshape(-1, 4),
+            np.array(feats, dtype=np.int32).reshape(-1, 5), np.array(classes, dtype=np.int32))
 
 
 def traces(log: str) -> dict[str, str]:

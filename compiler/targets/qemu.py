@@ -14,6 +14,7 @@ or an oops, or if the boot does not finish.
 from __future__ import annotations
 
 import gzip
+import os
 import json
 import re
 import shutil
@@ -107,7 +108,7 @@ def build_initramfs(image: Path, scenarios: list[Scenario], init: str) -> bytes:
     entries.append(("bin/busybox", busybox, stat.S_IFREG | 0o755))
     for applet in ("sh", "mount", "insmod", "rmmod", "cat", "echo", "dmesg", "poweroff",
                    "sleep", "ls", "grep", "md5sum", "dd", "mkdir", "seq", "awk", "wc", "head",
-                   "tail", "sync", "uname", "expr", "test", "[", "dirname", "cut", "cmp"):
+                   "tail", "sync", "uname", "expr", "test", "[", "dirname", "cut", "cmp", "sort", "stat"):
         entries.append((f"bin/{applet}", b"busybox", stat.S_IFLNK | 0o777))
     needed: list[str] = []
     for sc in scenarios:
@@ -183,7 +184,7 @@ def boot(initramfs: bytes, image: Path, *, timeout: int = 300, memory: str = "51
     with tempfile.TemporaryDirectory() as d:
         rd = Path(d) / "initramfs.gz"
         rd.write_bytes(initramfs)
-        cmd = [qemu, "-m", memory, "-smp", "2", "-kernel", str(vmlinuz), "-initrd", str(rd),
+        cmd = [qemu, "-m", memory, "-smp", os.environ.get("KMLC_QEMU_SMP", "2"), "-kernel", str(vmlinuz), "-initrd", str(rd),
                "-append", "console=ttyS0 panic=-1 oops=panic loglevel=4",
                "-nographic", "-no-reboot", "-monitor", "none"]
         # TCG only: /dev/kvm can exist where KVM does not work (nested VMs), and

@@ -139,24 +139,34 @@ class Twin:
             raise KmlcError(f"kml_{self.name}_infer returned {ret}")
         return y
 
-    def admit_replay(self, events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Replay an admission trace (rows {kind, a, b, c}, see
-        kml_<name>_admit_replay) through the same feature code and policy
-        as the module: returns (features, decisions) per read."""
-        if "admission" not in self.meta.get("hooks", []):
-            raise KmlcError("this model was compiled without --hooks admission")
-        fn = getattr(self.lib, f"kml_{self.name}_admit_replay")
+    def _replay(self, hook: str, fn_name: str, events, per: int, closes) -> tuple:
+        if hook not in self.meta.get("hooks", []):
+            raise KmlcError(f"this model was compiled without --hooks {hook}")
+        fn = getattr(self.lib, f"kml_{self.name}_{fn_name}")
         p = ctypes.c_void_p
         fn.argtypes, fn.restype = [p, ctypes.c_ulong, p, p, p], ctypes.c_long
         ev = np.ascontiguousarray(events, dtype=np.int64).reshape(-1, 4)
-        reads = int((ev[:, 0] == 0).sum())
-        feats = np.zeros((reads, 11), dtype=np.int32)
-        dec = np.zeros(reads, dtype=np.int32)
-        n = fn(ev.ctypes.data, len(ev), feats.ctypes.data, dec.ctypes.data,
+        rows = int(closes(ev).sum())
+        feats = np.zeros((rows, per), dtype=np.int32)
+        out = np.zeros(rows, dtype=np.int32)
+        n = fn(ev.ctypes.data, len(ev), feats.ctypes.data, out.ctypes.data,
                self._workspace.ctypes.data)
         if n < 0:
-            raise KmlcError(f"kml_{self.name}_admit_replay returned {n}")
-        return feats, dec
+            raise KmlcError(f"kml_{self.name}_{fn_name} returned {n}")
+        return feats[:n], out[:n]
+
+    def admit_replay(self, events) -> tuple[np.ndarray, np.ndarray]:
+        """Replay an admission trace (rows {kind, a, b, c}: see
+        kml_<name>_admit_replay) through the module's own feature code and
+        policy: (features, decisions), one row per read."""
+        return self._replay("admission", "admit_replay", events, 11,
+                            lambda ev: ev[:, 0] == 0)
+
+    def ra_replay(self, events) -> tuple[np.ndarray, np.ndarray]:
+        """Replay a readahead trace (rows {file, page, ra_pages, flags}: see
+        kml_<name>_ra_replay): (features, classes), one row per window."""
+        return self._replay("readahead", "ra_replay", events, 5,
+                            lambda ev: (ev[:, 3] & 2) != 0)
 
     def run(self, x) -> np.ndarray:
         """Float rows in, float rows out, through exactly the module's path."""

@@ -101,3 +101,61 @@ def test_admission_hook_checks_the_model(tmp_path):
 def test_admission_sources_are_kernel_style(admission):
     kernel_c.check_checkpatch_clean(admission / "kernel")
     kernel_c.check_checkpatch_clean(admission / "kunit")
+
+
+def readahead_policy():
+    """A transparent test policy on KML's features: readseq while the mean
+    |page difference| of a window is under 1024 pages, readrandom above."""
+    from onnx import helper, numpy_helper
+
+    w = np.zeros((4, 5), np.float32)
+    w[0, 3], w[2, 3] = 1 / 1024, -1 / 1024
+    b = np.float32([-1, -100, 1, -100])
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="policy", transB=1)], "ra",
+        [helper.make_tensor_value_info("x", 1, ["N", 5])],
+        [helper.make_tensor_value_info("y", 1, ["N", 4])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    r = np.random.default_rng(0)
+    cal = np.stack([r.uniform(2, 1024, 3000), r.uniform(0, 3e4, 3000), r.uniform(0, 3e4, 3000),
+                    r.uniform(0, 65536, 3000), r.uniform(0, 1, 3000)], 1).astype(np.float32)
+    return m, cal
+
+
+@pytest.fixture(scope="module")
+def readahead(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ra")
+    m, cal = readahead_policy()
+    kcompile(m, root / "fx", name="rapolicy", numerics="fixed", calibration=cal,
+             hooks=["readahead"])
+    kcompile(m, root / "fp", name="rapolicy_fp", hooks=["readahead"])
+    return root / "fx", root / "fp"
+
+
+@pytest.mark.kernel
+def test_readahead_hook_in_real_kernel(readahead):
+    """Sequential reader ends with more readahead than random reader, for
+    the fixed model (inline) and the float one (deferred, real FPU); 100
+    unload/reload cycles while both read; twin replay gives the module's
+    features (and, inline, its classes)."""
+    from kmlc.api import load
+    from kmlc.targets.hooks import parse_readahead_trace
+
+    res = qemu.run(list(readahead))
+    assert res["ok"], "\n".join(res["lines"])
+    for mod in ("kml_rapolicy", "kml_rapolicy_fp"):
+        lines = [ln for ln in res["lines"] if ln.startswith(mod + "-")]
+        assert any("readahead: PASS sequential ra_pages=80 > random ra_pages=2" in ln
+                   for ln in lines), lines
+        assert any("reload-cycles: PASS 100 cycles" in ln for ln in lines), lines
+    dumps = re.findall(r"KMLC-TRACE-BEGIN readahead\n(.*?)KMLC-TRACE-END", res["log"], re.S)
+    assert len(dumps) == 2
+    for d, text in zip(readahead, dumps):
+        events, feats, classes = parse_readahead_trace(text)
+        assert len(feats) > 50
+        tf, tc = load(d).ra_replay(events)
+        assert np.array_equal(tf, feats)
+        if d.name == "fx":  # the float model decides later, in process context
+            assert np.array_equal(tc, classes)
