@@ -33,12 +33,23 @@ for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
 		missing+=("$p")
 done
+# The newest Linux 6.12 headers Debian 12 offers: the second column of the
+# build matrix (the tests build every module against each installed kernel).
+have612=$(ls -d /usr/src/linux-headers-6.12.*-amd64 2>/dev/null | head -1 || true)
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+if ((${#missing[@]})) || [ -z "$have612" ]; then
+	say "updating the Debian package lists"
+	$SUDO apt-get update -qq
+fi
+if [ -z "$have612" ]; then
+	h612=$(apt-cache search --names-only '^linux-headers-6\.12\.[0-9]+\+deb12-amd64$' |
+		awk '{print $1}' | sort -V | tail -1)
+	[ -n "$h612" ] && missing+=("$h612")
+fi
 if ((${#missing[@]})); then
 	say "installing Debian packages: ${missing[*]}"
-	SUDO=""
-	[ "$(id -u)" -eq 0 ] || SUDO=sudo
-	export DEBIAN_FRONTEND=noninteractive
-	$SUDO apt-get update -qq
 	$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 

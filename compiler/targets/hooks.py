@@ -54,15 +54,15 @@ P=/sys/module/$M/parameters
 C=/sys/kernel/config/nullb
 echo 1 > $P/trace
 # null_blk names each disk after its configfs directory
-for d in nullb0 nullb1; do
+for d in kmla0 kmla1; do
     mkdir $C/$d
     echo 64 > $C/$d/size; echo 1 > $C/$d/memory_backed
     echo 4096 > $C/$d/blocksize; echo 2 > $C/$d/irqmode
 done
-echo 10000000 > $C/nullb0/completion_nsec
-echo 20000 > $C/nullb1/completion_nsec
-echo 1 > $C/nullb0/power; echo 1 > $C/nullb1/power
-S=/dev/nullb0; F=/dev/nullb1  # slow primary, fast replica
+echo 10000000 > $C/kmla0/completion_nsec
+echo 20000 > $C/kmla1/completion_nsec
+echo 1 > $C/kmla0/power; echo 1 > $C/kmla1/power
+S=/dev/kmla0; F=/dev/kmla1  # slow primary, fast replica
 dd if=/dev/urandom of=/tmp/data bs=1M count=16 2>/dev/null
 dd if=/tmp/data of=$S bs=1M 2>/dev/null; dd if=/tmp/data of=$F bs=1M 2>/dev/null; sync
 for i in $(seq 0 15); do
@@ -124,6 +124,7 @@ if [ $bad -eq 0 ] && [ $((before - after)) -lt 4096 ]; then
 else
     echo "KMLC-RESULT $M-reload-cycles FAIL errors=$bad MemFree $before -> $after kB"
 fi
+for d in kmla0 kmla1; do echo 0 > $C/$d/power; rmdir $C/$d; done
 insmod /lib/kmlc/{ko}
 """
 
@@ -135,13 +136,13 @@ D=/sys/kernel/debug/$M
 C=/sys/kernel/config/nullb
 echo 1 > $P/trace
 echo 16 > $P/window_events
-for d in nullb0 nullb1; do
+for d in kmlr0 kmlr1; do
     mkdir $C/$d; echo 256 > $C/$d/size; echo 1 > $C/$d/power
 done
 newest() {{ sort -n $D/files | tail -1; }}
-seq_sum=$(kml_reader seq /dev/nullb0 65536 8192)
+seq_sum=$(kml_reader seq /dev/kmlr0 65536 8192)
 seq_file=$(newest)
-rand_sum=$(kml_reader rand /dev/nullb1 65536 2048 7)
+rand_sum=$(kml_reader rand /dev/kmlr1 65536 2048 7)
 rand_file=$(newest)
 cat $D/stats
 echo "sequential reader: $seq_file; random reader: $rand_file (id ino class ra_pages)"
@@ -157,8 +158,8 @@ else
 fi
 echo 0 > $P/trace
 # unload and reload 100 times while two readers keep missing
-( kml_reader rand /dev/nullb1 65536 200000 3 > /tmp/bg1 ) &
-( kml_reader seq /dev/nullb0 65536 400000 > /tmp/bg2 ) &
+( kml_reader rand /dev/kmlr1 65536 200000 3 > /tmp/bg1 ) &
+( kml_reader seq /dev/kmlr0 65536 400000 > /tmp/bg2 ) &
 echo 3 > /proc/sys/vm/drop_caches
 before=$(awk '/^MemFree/{{print $2}}' /proc/meminfo)
 bad=0
@@ -169,12 +170,13 @@ done
 wait
 echo 3 > /proc/sys/vm/drop_caches
 after=$(awk '/^MemFree/{{print $2}}' /proc/meminfo)
-[ "$(cat /tmp/bg1)" = "$(kml_reader rand /dev/nullb1 65536 200000 3)" ] || bad=$((bad + 1))
+[ "$(cat /tmp/bg1)" = "$(kml_reader rand /dev/kmlr1 65536 200000 3)" ] || bad=$((bad + 1))
 if [ $bad -eq 0 ] && [ $((before - after)) -lt 4096 ]; then
     echo "KMLC-RESULT $M-reload-cycles PASS 100 cycles under load, MemFree $before -> $after kB"
 else
     echo "KMLC-RESULT $M-reload-cycles FAIL errors=$bad MemFree $before -> $after kB"
 fi
+for d in kmlr0 kmlr1; do echo 0 > $C/$d/power; rmdir $C/$d; done
 """
 
 

@@ -32,13 +32,32 @@ def find_kdir(kdir: str | os.PathLike | None = None) -> Path:
     running = Path("/lib/modules") / os.uname().release / "build"
     if (running / "Makefile").is_file():
         return running
-    cands = [p for p in Path("/usr/src").glob(HEADERS_GLOB)
-             if (p / "Makefile").is_file() and (p / "Module.symvers").is_file()]
+    cands = installed_headers()
     if not cands:
         raise KmlcError(f"no kernel build directory: {running} does not exist and no "
                         "/usr/src/linux-headers-* tree is installed; install linux-headers-amd64 "
                         "(the README's setup does) or pass --kdir")
-    return max(cands, key=_version_key)
+    default = _metapackage_headers()
+    return default if default in cands else max(cands, key=_version_key)
+
+
+def installed_headers() -> list[Path]:
+    """Every installed Debian kernel build directory, oldest first."""
+    return sorted((p for p in Path("/usr/src").glob(HEADERS_GLOB)
+                   if (p / "Makefile").is_file() and (p / "Module.symvers").is_file()),
+                  key=_version_key)
+
+
+def _metapackage_headers() -> Path | None:
+    """The headers Debian's linux-headers-amd64 points at (the distribution's
+    kernel), which is the default even when newer ones are installed."""
+    try:
+        dep = subprocess.run(["dpkg-query", "-W", "-f=${Depends}", "linux-headers-amd64"],
+                             capture_output=True, text=True).stdout
+    except OSError:
+        return None
+    m = re.search(r"(linux-headers-[^\s,(]+)", dep)
+    return Path("/usr/src") / m.group(1) if m else None
 
 
 def make_command(kdir: Path, moddir: Path, *, llvm: bool = False, jobs: int | None = None):

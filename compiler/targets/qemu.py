@@ -117,7 +117,7 @@ def build_initramfs(image: Path, scenarios: list[Scenario], init: str) -> bytes:
                 if dep not in needed:
                     needed.append(dep)
     for m in needed:
-        entries.append((f"lib/debian/{m}.ko", (modroot / MODULE_PATHS[m]).read_bytes(),
+        entries.append((f"lib/debian/{m}.ko", debian_module(modroot / MODULE_PATHS[m]),
                         stat.S_IFREG | 0o644))
     for sc in scenarios:
         entries.append((f"lib/kmlc/{sc.ko.name}", sc.ko.read_bytes(), stat.S_IFREG | 0o644))
@@ -125,6 +125,20 @@ def build_initramfs(image: Path, scenarios: list[Scenario], init: str) -> bytes:
             entries.append((dest, Path(src).read_bytes(), stat.S_IFREG | 0o755))
     entries.append(("init", init.encode(), stat.S_IFREG | 0o755))
     return gzip.compress(_cpio_newc(entries), compresslevel=1)
+
+
+def debian_module(path: Path) -> bytes:
+    """A module of the Debian image, uncompressed (6.12 ships .ko.xz)."""
+    import lzma
+
+    if path.is_file():
+        return path.read_bytes()
+    for suffix, opener in ((".xz", lzma.open), (".gz", gzip.open)):
+        packed = path.with_name(path.name + suffix)
+        if packed.is_file():
+            with opener(packed) as f:
+                return f.read()
+    raise KmlcError(f"the Debian kernel image has no {path.name}", where=str(path.parent))
 
 
 def init_script(scenarios: list[Scenario]) -> str:
@@ -185,8 +199,8 @@ def boot(initramfs: bytes, image: Path, *, timeout: int = 300, memory: str = "51
         rd = Path(d) / "initramfs.gz"
         rd.write_bytes(initramfs)
         cmd = [qemu, "-m", memory, "-smp", os.environ.get("KMLC_QEMU_SMP", "2"), "-kernel", str(vmlinuz), "-initrd", str(rd),
-               "-append", "console=ttyS0 panic=-1 oops=panic loglevel=4",
-               "-nographic", "-no-reboot", "-monitor", "none"]
+               "-append", "console=ttyS0 panic=-1 oops=panic loglevel=" + os.environ.get("KMLC_QEMU_LOGLEVEL", "4"),
+               "-nographic", "-no-reboot", "-monitor", "none", "-accel", "tcg,thread=single"]
         # TCG only: /dev/kvm can exist where KVM does not work (nested VMs), and
         # a test that hangs is worse than one that takes 10 seconds more.
         try:

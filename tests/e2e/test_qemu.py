@@ -3,6 +3,7 @@ self-test runs its golden vectors through the real module (the float ones
 inside the real kernel_fpu_begin/end), and a corrupted golden vector must
 stop a module from loading."""
 import re
+import subprocess
 
 import numpy as np
 import pytest
@@ -159,3 +160,38 @@ def test_readahead_hook_in_real_kernel(readahead):
         assert np.array_equal(tf, feats)
         if d.name == "fx":  # the float model decides later, in process context
             assert np.array_equal(tc, classes)
+
+
+@pytest.mark.kernel
+def test_build_matrix_every_installed_kernel(models, admission, readahead, tmp_path):
+    """Every kind of module builds with W=1 and zero warnings against each
+    installed Debian kernel: 6.1 (the distribution's) and 6.12."""
+    import shutil
+
+    from kmlc.targets import kernel
+
+    kdirs = kernel.installed_headers()
+    releases = [qemu.release_of(k) for k in kdirs]
+    assert any(r.startswith("6.1.") for r in releases), releases
+    assert any(r.startswith("6.12.") for r in releases), releases
+    for k in kdirs:
+        for src in [models[1], models[2], admission, *readahead]:
+            d = tmp_path / f"{qemu.release_of(k)}-{src.parent.name}-{src.name}"
+            shutil.copytree(src / "kernel", d)
+            ko = kernel.build_module(d, kdir=k)  # raises on any warning
+            info = subprocess.run(["modinfo", "-F", "vermagic", ko], capture_output=True,
+                                  text=True).stdout
+            assert info.startswith(qemu.release_of(k) + " "), info
+
+
+@pytest.mark.kernel
+def test_hooks_in_real_6_12_kernel(admission, readahead):
+    """The same modules and hook scenarios in Debian's 6.12 kernel (IBT on,
+    other function layout, CC_FLAGS_FPU)."""
+    from kmlc.targets import kernel
+
+    k612 = [k for k in kernel.installed_headers() if qemu.release_of(k).startswith("6.12.")]
+    res = qemu.run([admission, *readahead], kdir=k612[-1])
+    assert res["ok"], "\n".join(res["lines"])
+    # admission: self-test, routing, attach cycles, reload cycles; readahead x2: 3 each
+    assert sum("PASS" in ln for ln in res["lines"]) == 10, res["lines"]
