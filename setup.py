@@ -19,7 +19,7 @@ setup(
     package_data={
         "kmlc.codegen": ["templates/*.j2"],
         "kmlc.runtime_kernel": ["*.h"],
-        "kmlc.runtime_user": ["*.h"],
+        "kmlc.runtime_user": ["*.h", "*.c"],
     },
     install_requires=["numpy>=1.24", "onnx>=1.15", "onnxruntime>=1.17", "jinja2>=3.1",
                       "click>=8.1"],

@@ -161,6 +161,23 @@ static inline bool kml_ra_add(struct kml_ra_window *w, u64 index)
 	return true;
 }
 
+/*
+ * Whether the window closes with the event just added: it holds at least
+ * two events, and window_events of them (clamped to 2..KML_RA_MAX_EVENTS)
+ * or it has been open window_ns.  The hook and every twin use this.
+ */
+static inline bool kml_ra_window_closes(const struct kml_ra_window *w, u64 open_ns,
+					u32 window_events, u64 window_ns)
+{
+	u32 most = window_events < 2 ? 2 : window_events > KML_RA_MAX_EVENTS ?
+		   KML_RA_MAX_EVENTS : window_events;
+
+	return w->n >= 2 && (w->n >= most || open_ns >= window_ns);
+}
+
+/* Fraction bits of the features handed to a float model (exact below 2^31). */
+#define KML_RA_FLOAT_FRAC { 0, 4, 4, 4, 16 }
+
 /* The encoded features of a window of at least two events. */
 static inline void kml_ra_features(const struct kml_ra_window *w, u32 ra_pages,
 				   const u8 *frac, s32 *f)

@@ -1,4 +1,6 @@
-"""Data package: C headers only the userspace twin needs."""
+"""Data package: C only the userspace twin needs (kml_user_fpu.h), and the
+hooks' feature extractors as a library for simulators
+(kml_features_twin.c, loaded by kmlc.features)."""
 from pathlib import Path
 
 DIR = Path(__file__).resolve().parent

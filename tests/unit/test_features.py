@@ -83,3 +83,88 @@ def test_admission_features_match_definition(lib):
         want += [exact_q(v, 1, 8) for v in lat]
         want += [exact_q(int(b), v, 12) if v else 0 for (_, _, b), v in zip(last[:3], lat)]
         assert out.tolist() == want, n_done
+
+
+# ---- kmlc.features: the same C as a library, against an exact Python model ----------
+
+def exact_ra_features(pages, ra_pages, frac):
+    """KML's readahead features of one window, in exact rationals (brief §2,
+    docs/hooks.md): offsets relative to the first, clamped to +-2^20."""
+    d = [max(-2**20, min(2**20, p - pages[0])) for p in pages]
+    n, rng = len(d), max(d) - min(d)
+    var_n2 = n * sum(x * x for x in d) - sum(d) ** 2
+    diffs = sum(abs(a - b) for a, b in zip(d[1:], d[:-1]))
+    return [exact_q(n, 1, frac[0]),
+            exact_q(var_n2, n * n * rng, frac[1]) if rng else 0,
+            exact_q(var_n2, n * (n - 1) * rng, frac[2]) if rng else 0,
+            exact_q(diffs, n - 1, frac[3]),
+            exact_q(ra_pages * 8, 1024, frac[4])]
+
+
+def test_readahead_extractor_matches_exact_windows():
+    from kmlc import features
+
+    rng = np.random.default_rng(3)
+    n = 5000
+    t = np.cumsum(rng.integers(0, 40_000_000, n))          # up to 40 ms apart
+    files = rng.integers(0, 7, n)
+    pages = np.where(files % 2 == 0, np.arange(n) * 4, rng.integers(0, 2**23, n))
+    ra = rng.choice([2, 32, 80, 120], n)
+    ev = np.stack([t, files, pages, ra], 1)
+    frac = features.ra_float_frac()
+    assert frac.tolist() == [0, 4, 4, 4, 16]
+    got = features.readahead(ev, window_events=16, window_ms=250)
+    # the oracle: per file, a window closes at 16 events or once 250 ms old
+    want, closed, open_ = [], [], {}
+    for i, (ti, fi, pi, ri) in enumerate(ev.tolist()):
+        w = open_.setdefault(fi, [ti, []])
+        if not w[1]:
+            w[0] = ti
+        w[1].append(pi)
+        if len(w[1]) >= 2 and (len(w[1]) >= 16 or ti - w[0] >= 250_000_000):
+            want.append(exact_ra_features(w[1], ri, frac.tolist()))
+            closed.append(i)
+            w[1] = []
+    assert len(want) > 300
+    assert got.raw.tolist() == want
+    assert got.closed_by.tolist() == closed
+    assert np.allclose(got.values, np.array(want) / 2.0 ** frac)
+
+
+def test_admission_extractor_is_the_modules(tmp_path):
+    """kmlc.features.admission equals the admission twin's replay (the
+    module's own feature code) with the model's fraction bits."""
+    from conftest import EXAMPLES, seed_models
+    from kmlc import features
+    from kmlc.api import compile as kcompile, load
+
+    out = tmp_path / "adm"
+    kcompile(EXAMPLES / "heimdall.onnx", out, numerics="fixed", hooks=["admission"],
+             targets=["kernel", "user"],
+             calibration=seed_models.sample_inputs("heimdall", 500, seed=1))
+    rng = np.random.default_rng(4)
+    kinds = rng.integers(0, 2, 3000)
+    ev = np.stack([kinds, np.where(kinds == 0, rng.integers(512, 2**20, 3000),
+                                   rng.integers(0, 64, 3000)),
+                   np.where(kinds == 0, rng.integers(0, 64, 3000),
+                            rng.integers(100, 50_000_000, 3000)),
+                   np.where(kinds == 0, 0, rng.integers(512, 2**20, 3000))], 1)
+    twin = load(out)
+    feats, _ = twin.admit_replay(ev)
+    got = features.admission(ev, frac=twin.fixed["frac_bits"])
+    assert len(feats) == (kinds == 0).sum()
+    assert np.array_equal(got.raw, feats)
+
+
+def test_extractors_reject_bad_events():
+    from kmlc import features
+    from kmlc.errors import KmlcError
+
+    with pytest.raises(KmlcError, match="rows of 4"):
+        features.readahead(np.zeros((3, 3), dtype=np.int64))
+    with pytest.raises(KmlcError, match="time order"):
+        features.readahead(np.array([[5, 0, 0, 0], [4, 0, 1, 0]]))
+    with pytest.raises(KmlcError, match="kind 0"):
+        features.admission(np.array([[2, 0, 0, 0]]))
+    with pytest.raises(KmlcError, match="integers"):
+        features.admission(np.zeros((1, 4)))

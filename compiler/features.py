@@ -1,0 +1,152 @@
+"""The hooks' feature extractors for simulators and training scripts.
+
+A kmlc hook computes its model's input features in the kernel with
+``runtime-kernel/kml_features.h``.  This module runs that same C, built as
+a userspace library (``runtime-user/kml_features_twin.c``, with the twin's
+flags), on event streams a simulator or a recorded trace provides, with no
+model attached: so a model is trained on exactly the features the module
+will compute.
+
+Features come back encoded as the kernel computes them, ``round(value *
+2^frac)`` saturated to int32, and decoded as float64 (``raw / 2^frac``).
+The default fraction bits are the ones the hooks use for float models.
+
+    >>> w = kmlc.features.readahead(events)           # rows {t_ns, file, page, ra_pages}
+    >>> w.values, w.closed_by                          # (W, 5) features, closing event
+    >>> kmlc.features.admission(events).values         # rows {kind, a, b, c}
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import KmlcError
+
+RA_FEATURES = 5
+ADMIT_FEATURES = 11
+# Admission: integer features exact; throughput (B/us) with 8 fraction bits.
+ADMIT_FRAC = (0,) * 8 + (8,) * 3
+
+_lib = None
+
+
+@dataclass
+class Features:
+    raw: np.ndarray            # (rows, features) int32, as the kernel encodes them
+    frac: np.ndarray           # (features,) fraction bits of each column
+    closed_by: np.ndarray | None = None  # readahead: index of the event closing each window
+
+    @property
+    def values(self) -> np.ndarray:
+        """The features as float64: raw / 2^frac."""
+        return self.raw.astype(np.float64) / np.exp2(self.frac.astype(np.float64))
+
+
+def library() -> ctypes.CDLL:
+    """The extractor library, built once per source version and cached
+    under ~/.cache/kmlc/features/."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    import subprocess
+
+    from . import runtime_kernel, runtime_user
+    from .targets.kunit import cache_dir, locked
+    from .targets.user import CFLAGS, find_cc
+
+    src = runtime_user.DIR / "kml_features_twin.c"
+    headers = [runtime_kernel.DIR / h for h in ("kml_features.h", "kml_types.h")]
+    cc = find_cc()
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in [src, *headers])
+                         + " ".join([cc, *CFLAGS]).encode()).hexdigest()[:16]
+    so = cache_dir() / "features" / key / "libkml_features.so"
+    with locked("features"):
+        if not so.is_file():
+            so.parent.mkdir(parents=True, exist_ok=True)
+            tmp = so.with_suffix(".tmp")
+            res = subprocess.run([cc, *CFLAGS, "-shared", f"-I{runtime_kernel.DIR}",
+                                  "-o", str(tmp), str(src)], capture_output=True, text=True)
+            if res.returncode or res.stderr.strip():
+                raise KmlcError("building the feature extractors failed (a kmlc bug):\n"
+                                + res.stderr.strip())
+            tmp.rename(so)
+    lib = ctypes.CDLL(str(so))
+    p, ul, u32, u64 = ctypes.c_void_p, ctypes.c_ulong, ctypes.c_uint32, ctypes.c_uint64
+    lib.kml_ra_extract.argtypes = [p, ul, u32, u64, p, p, p]
+    lib.kml_admit_extract.argtypes = [p, ul, p, p]
+    lib.kml_ra_extract.restype = lib.kml_admit_extract.restype = ctypes.c_long
+    _lib = lib
+    return lib
+
+
+def ra_float_frac() -> np.ndarray:
+    """The fraction bits the readahead hook uses for a float model."""
+    return np.ctypeslib.as_array((ctypes.c_uint8 * RA_FEATURES).in_dll(library(),
+                                                                      "kml_ra_float_frac")).copy()
+
+
+def _events(events, what: str) -> np.ndarray:
+    ev = np.asarray(events)
+    if ev.size == 0:
+        return np.zeros((0, 4), dtype=np.int64)
+    if ev.ndim != 2 or ev.shape[1] != 4:
+        raise KmlcError(f"{what} events must be rows of 4 integers; got shape {ev.shape}")
+    if not np.issubdtype(ev.dtype, np.integer):
+        raise KmlcError(f"{what} events must be integers; got dtype {ev.dtype}")
+    return np.ascontiguousarray(ev, dtype=np.int64)
+
+
+def _frac(frac, n: int) -> np.ndarray:
+    f = np.broadcast_to(np.asarray(frac, dtype=np.int64), (n,))
+    if f.min() < 0 or f.max() > 30:
+        raise KmlcError(f"fraction bits must be 0..30; got {list(f)}")
+    return np.ascontiguousarray(f, dtype=np.uint8)
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        raise KmlcError(f"the {what} feature extractor failed (errno {-ret})")
+    return ret
+
+
+def readahead(events, *, window_events: int = 64, window_ms: float = 1000.0,
+              frac=None) -> Features:
+    """KML's five readahead features per file window, as the readahead hook
+    computes them.  ``events``: rows {time ns, file id, page index,
+    ra_pages} in time order, one per miss that reaches readahead (the
+    kernel's page_cache_sync_ra/async_ra calls), with the file's readahead
+    in pages at that moment.  ``window_events``/``window_ms`` are the hook's
+    module parameters of the same names."""
+    ev = _events(events, "readahead")
+    if window_events < 2 or window_ms <= 0:
+        raise KmlcError(f"readahead windows need window_events >= 2 and window_ms > 0; got "
+                        f"{window_events} and {window_ms}")
+    if len(ev) > 1 and np.any(np.diff(ev[:, 0]) < 0):
+        raise KmlcError("readahead events must be in time order")
+    f = _frac(ra_float_frac() if frac is None else frac, RA_FEATURES)
+    raw = np.zeros((len(ev), RA_FEATURES), dtype=np.int32)
+    closed = np.zeros(len(ev), dtype=np.int64)
+    n = _check(library().kml_ra_extract(ev.ctypes.data, len(ev), int(window_events),
+                                        int(window_ms * 1e6), f.ctypes.data, raw.ctypes.data,
+                                        closed.ctypes.data), "readahead")
+    return Features(raw[:n], f, closed[:n])
+
+
+def admission(events, *, frac=ADMIT_FRAC) -> Features:
+    """Heimdall's 11 features for every read, as the admission hook computes
+    them.  ``events``: rows {kind, a, b, c} in time order; kind 0 is a read
+    (a: size in bytes, b: reads in flight on the primary), kind 1 a
+    completion on the primary (a: queue length at submit, b: latency ns,
+    c: bytes)."""
+    ev = _events(events, "admission")
+    if not np.isin(ev[:, 0], (0, 1)).all():
+        raise KmlcError("admission events have kind 0 (read) or 1 (completion) only")
+    f = _frac(frac, ADMIT_FEATURES)
+    raw = np.zeros((int((ev[:, 0] == 0).sum()), ADMIT_FEATURES), dtype=np.int32)
+    n = _check(library().kml_admit_extract(ev.ctypes.data, len(ev), f.ctypes.data,
+                                           raw.ctypes.data), "admission")
+    return Features(raw[:n], f)
