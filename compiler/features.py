@@ -14,6 +14,11 @@ The default fraction bits are the ones the hooks use for float models.
     >>> w = kmlc.features.readahead(events)           # rows {t_ns, file, page, ra_pages}
     >>> w.values, w.closed_by                          # (W, 5) features, closing event
     >>> kmlc.features.admission(events).values         # rows {kind, a, b, c}
+
+Simulators whose decisions feed back into later events use the streams,
+one event at a time: ``ReadaheadStream`` and ``AdmissionStream``.  With
+``frac=twin.hook_frac``, their features go straight into
+``twin.decide()``, the module's own decision code.
 """
 from __future__ import annotations
 
@@ -76,9 +81,13 @@ def library() -> ctypes.CDLL:
             tmp.rename(so)
     lib = ctypes.CDLL(str(so))
     p, ul, u32, u64 = ctypes.c_void_p, ctypes.c_ulong, ctypes.c_uint32, ctypes.c_uint64
+    s64 = ctypes.c_int64
     lib.kml_ra_extract.argtypes = [p, ul, u32, u64, p, p, p]
     lib.kml_admit_extract.argtypes = [p, ul, p, p]
     lib.kml_ra_extract.restype = lib.kml_admit_extract.restype = ctypes.c_long
+    lib.kml_ra_step.argtypes = [p, s64, s64, u32, u32, u64, p, p]
+    lib.kml_admit_step_complete.argtypes = [p, u32, u64, u64]
+    lib.kml_admit_step_read.argtypes = [p, u64, u32, p, p]
     _lib = lib
     return lib
 
@@ -150,3 +159,56 @@ def admission(events, *, frac=ADMIT_FRAC) -> Features:
     n = _check(library().kml_admit_extract(ev.ctypes.data, len(ev), f.ctypes.data,
                                            raw.ctypes.data), "admission")
     return Features(raw[:n], f)
+
+
+def _size(symbol: str) -> int:
+    return ctypes.c_ulong.in_dll(library(), symbol).value
+
+
+class ReadaheadStream:
+    """The readahead hook's windows, one miss at a time: ``add()`` returns
+    the encoded features of the window the miss closes, else None."""
+
+    def __init__(self, *, window_events: int = 64, window_ms: float = 1000.0, frac=None):
+        if window_events < 2 or window_ms <= 0:
+            raise KmlcError(f"readahead windows need window_events >= 2 and window_ms > 0; "
+                            f"got {window_events} and {window_ms}")
+        self.frac = _frac(ra_float_frac() if frac is None else frac, RA_FEATURES)
+        self.window_events, self.window_ns = int(window_events), int(window_ms * 1e6)
+        self._files: dict[int, ctypes.Array] = {}
+        self._out = np.zeros(RA_FEATURES, dtype=np.int32)
+        self._lib, self._state_size = library(), _size("kml_ra_file_size")
+
+    def add(self, t_ns: int, file: int, page: int, ra_pages: int) -> np.ndarray | None:
+        st = self._files.get(file)
+        if st is None:
+            st = self._files[file] = ctypes.create_string_buffer(self._state_size)
+        if self._lib.kml_ra_step(st, t_ns, page, ra_pages, self.window_events, self.window_ns,
+                                 self.frac.ctypes.data, self._out.ctypes.data):
+            return self._out.copy()
+        return None
+
+    def forget(self, file: int) -> None:
+        """Drop a file's open window (the file was closed)."""
+        self._files.pop(file, None)
+
+
+class AdmissionStream:
+    """The admission hook's per-device history, one event at a time."""
+
+    def __init__(self, *, frac=ADMIT_FRAC):
+        self.frac = _frac(frac, ADMIT_FEATURES)
+        self._lib = library()
+        self._state = ctypes.create_string_buffer(_size("kml_admit_state_size"))
+        self._out = np.zeros(ADMIT_FEATURES, dtype=np.int32)
+
+    def complete(self, qlen: int, latency_ns: int, nbytes: int) -> None:
+        """A read finished on the primary; it had ``qlen`` reads ahead of it."""
+        self._lib.kml_admit_step_complete(self._state, qlen, latency_ns, nbytes)
+
+    def read(self, size: int, inflight: int) -> np.ndarray:
+        """The encoded features of a read of ``size`` bytes arriving with
+        ``inflight`` reads in flight on the primary."""
+        self._lib.kml_admit_step_read(self._state, size, inflight, self.frac.ctypes.data,
+                                      self._out.ctypes.data)
+        return self._out.copy()

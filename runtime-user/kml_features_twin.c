@@ -14,15 +14,42 @@
 
 const u8 kml_ra_float_frac[KML_RA_FEATURES] = KML_RA_FLOAT_FRAC;
 
-long kml_ra_extract(const s64 *ev, unsigned long n, u32 window_events, u64 window_ns,
-		    const u8 *frac, s32 *features, s64 *closed_by);
-long kml_admit_extract(const s64 *ev, unsigned long n, const u8 *frac, s32 *features);
-
 struct kml_ra_file {
 	s64 id;
-	u64 t0;
+	u64 t0;				/* when the open window started, ns */
 	struct kml_ra_window w;
 };
+
+const unsigned long kml_ra_file_size = sizeof(struct kml_ra_file);
+const unsigned long kml_admit_state_size = sizeof(struct kml_admit_state);
+
+int kml_ra_step(struct kml_ra_file *f, s64 t, s64 page, u32 ra_pages, u32 window_events,
+		u64 window_ns, const u8 *frac, s32 *features);
+long kml_ra_extract(const s64 *ev, unsigned long n, u32 window_events, u64 window_ns,
+		    const u8 *frac, s32 *features, s64 *closed_by);
+void kml_admit_step_complete(struct kml_admit_state *s, u32 qlen, u64 lat_ns, u64 bytes);
+void kml_admit_step_read(const struct kml_admit_state *s, u64 size, u32 qlen, const u8 *frac,
+			 s32 *features);
+long kml_admit_extract(const s64 *ev, unsigned long n, const u8 *frac, s32 *features);
+
+/*
+ * Readahead, one miss at a time, for simulators: f is one file's state
+ * (zeroed to start), t the time in ns, ra_pages the file's readahead now.
+ * Returns 1 when this miss closes a window (its features written), else 0:
+ * exactly the hook's kml_miss() without the model.
+ */
+int kml_ra_step(struct kml_ra_file *f, s64 t, s64 page, u32 ra_pages, u32 window_events,
+		u64 window_ns, const u8 *frac, s32 *features)
+{
+	if (!f->w.n)
+		f->t0 = (u64)t;
+	kml_ra_add(&f->w, (u64)page);
+	if (!kml_ra_window_closes(&f->w, (u64)t - f->t0, window_events, window_ns))
+		return 0;
+	kml_ra_features(&f->w, ra_pages, frac, features);
+	kml_ra_reset(&f->w);
+	return 1;
+}
 
 static int kml_cmp_id(const void *a, const void *b)
 {
@@ -60,17 +87,24 @@ long kml_ra_extract(const s64 *ev, unsigned long n, u32 window_events, u64 windo
 
 		key.id = e[1];
 		f = bsearch(&key, files, nfiles, sizeof(*files), kml_cmp_id);
-		if (!f->w.n)
-			f->t0 = (u64)e[0];
-		kml_ra_add(&f->w, (u64)e[2]);
-		if (!kml_ra_window_closes(&f->w, (u64)e[0] - f->t0, window_events, window_ns))
-			continue;
-		kml_ra_features(&f->w, (u32)e[3], frac, features + windows * KML_RA_FEATURES);
-		closed_by[windows++] = (s64)i;
-		kml_ra_reset(&f->w);
+		if (kml_ra_step(f, e[0], e[2], (u32)e[3], window_events, window_ns, frac,
+				features + windows * KML_RA_FEATURES))
+			closed_by[windows++] = (s64)i;
 	}
 	free(files);
 	return (long)windows;
+}
+
+/* Admission, one event at a time: a completion on the primary, and a read. */
+void kml_admit_step_complete(struct kml_admit_state *s, u32 qlen, u64 lat_ns, u64 bytes)
+{
+	kml_admit_complete(s, qlen, lat_ns, bytes);
+}
+
+void kml_admit_step_read(const struct kml_admit_state *s, u64 size, u32 qlen, const u8 *frac,
+			 s32 *features)
+{
+	kml_admit_features(s, size, qlen, frac, features);
 }
 
 /*

@@ -56,6 +56,25 @@ def mlp_model(sizes, act="Relu", seed=0, batch="N", transB=1):
     return make_model(nodes, [("x", [batch, sizes[0]])], [(x, [batch, sizes[-1]])], inits)
 
 
+def readahead_policy():
+    """A transparent test policy on KML's features: readseq while the mean
+    |page difference| of a window is under 1024 pages, readrandom above."""
+    w = np.zeros((4, 5), np.float32)
+    w[0, 3], w[2, 3] = 1 / 1024, -1 / 1024
+    b = np.float32([-1, -100, 1, -100])
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="policy", transB=1)], "ra",
+        [helper.make_tensor_value_info("x", 1, ["N", 5])],
+        [helper.make_tensor_value_info("y", 1, ["N", 4])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    r = np.random.default_rng(0)
+    cal = np.stack([r.uniform(2, 1024, 3000), r.uniform(0, 3e4, 3000), r.uniform(0, 3e4, 3000),
+                    r.uniform(0, 65536, 3000), r.uniform(0, 1, 3000)], 1).astype(np.float32)
+    return m, cal
+
+
 def has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 

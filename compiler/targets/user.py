@@ -168,6 +168,34 @@ class Twin:
         return self._replay("readahead", "ra_replay", events, 5,
                             lambda ev: (ev[:, 3] & 2) != 0)
 
+    @property
+    def hook_frac(self) -> np.ndarray:
+        """The fraction bits the model's hook encodes each feature with
+        (``kmlc.features`` takes them as ``frac``)."""
+        self._need_hook()
+        fn = getattr(self.lib, f"kml_{self.name}_hook_frac")
+        fn.restype = ctypes.POINTER(ctypes.c_uint8)
+        return np.ctypeslib.as_array(fn(), (self.in_elems,)).copy()
+
+    def decide(self, features) -> np.ndarray:
+        """The hook's decision for rows of encoded features (as
+        ``kmlc.features`` computes them with ``frac=twin.hook_frac``), by the
+        module's own decision code: admission 1 (decline) or 0, readahead
+        the class."""
+        self._need_hook()
+        f = np.ascontiguousarray(features, dtype=np.int32).reshape(-1, self.in_elems)
+        out = np.zeros(len(f), dtype=np.int32)
+        fn = getattr(self.lib, f"kml_{self.name}_hook_decide")
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p]
+        ret = fn(f.ctypes.data, len(f), out.ctypes.data, self._workspace.ctypes.data)
+        if ret:
+            raise KmlcError(f"kml_{self.name}_hook_decide returned {ret}")
+        return out
+
+    def _need_hook(self) -> None:
+        if not self.meta.get("hooks"):
+            raise KmlcError(f"{self.name} was compiled without --hooks")
+
     def run(self, x) -> np.ndarray:
         """Float rows in, float rows out, through exactly the module's path."""
         x = np.asarray(x)

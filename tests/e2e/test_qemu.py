@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kernel_c
-from conftest import EXAMPLES, SEED_MODELS, seed_models
+from conftest import EXAMPLES, SEED_MODELS, readahead_policy, seed_models
 from kmlc.api import compile as kcompile
 from kmlc.targets import qemu
 
@@ -102,27 +102,6 @@ def test_admission_hook_checks_the_model(tmp_path):
 def test_admission_sources_are_kernel_style(admission):
     kernel_c.check_checkpatch_clean(admission / "kernel")
     kernel_c.check_checkpatch_clean(admission / "kunit")
-
-
-def readahead_policy():
-    """A transparent test policy on KML's features: readseq while the mean
-    |page difference| of a window is under 1024 pages, readrandom above."""
-    from onnx import helper, numpy_helper
-
-    w = np.zeros((4, 5), np.float32)
-    w[0, 3], w[2, 3] = 1 / 1024, -1 / 1024
-    b = np.float32([-1, -100, 1, -100])
-    g = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="policy", transB=1)], "ra",
-        [helper.make_tensor_value_info("x", 1, ["N", 5])],
-        [helper.make_tensor_value_info("y", 1, ["N", 4])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    r = np.random.default_rng(0)
-    cal = np.stack([r.uniform(2, 1024, 3000), r.uniform(0, 3e4, 3000), r.uniform(0, 3e4, 3000),
-                    r.uniform(0, 65536, 3000), r.uniform(0, 1, 3000)], 1).astype(np.float32)
-    return m, cal
 
 
 @pytest.fixture(scope="module")

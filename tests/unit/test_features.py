@@ -144,16 +144,21 @@ def test_admission_extractor_is_the_modules(tmp_path):
              calibration=seed_models.sample_inputs("heimdall", 500, seed=1))
     rng = np.random.default_rng(4)
     kinds = rng.integers(0, 2, 3000)
-    ev = np.stack([kinds, np.where(kinds == 0, rng.integers(512, 2**20, 3000),
-                                   rng.integers(0, 64, 3000)),
-                   np.where(kinds == 0, rng.integers(0, 64, 3000),
-                            rng.integers(100, 50_000_000, 3000)),
-                   np.where(kinds == 0, 0, rng.integers(512, 2**20, 3000))], 1)
+    slow = (np.arange(3000) // 500) % 2 == 1  # alternating fast and slow periods
+    lat_ns = rng.lognormal(np.where(slow, 8.5, 5.5), 0.5) * 1000
+    ev = np.stack([kinds, np.where(kinds == 0, 2 ** rng.integers(12, 18, 3000),
+                                   rng.poisson(np.where(slow, 12, 4))),
+                   np.where(kinds == 0, rng.poisson(np.where(slow, 12, 4)), lat_ns),
+                   np.where(kinds == 0, 0, 2 ** rng.integers(12, 18, 3000))],
+                  1).astype(np.int64)
     twin = load(out)
-    feats, _ = twin.admit_replay(ev)
-    got = features.admission(ev, frac=twin.fixed["frac_bits"])
+    feats, decisions = twin.admit_replay(ev)
+    assert twin.hook_frac.tolist() == twin.fixed["frac_bits"]
+    got = features.admission(ev, frac=twin.hook_frac)
     assert len(feats) == (kinds == 0).sum()
     assert np.array_equal(got.raw, feats)
+    assert np.array_equal(twin.decide(got.raw), decisions)
+    assert 0 < decisions.sum() < len(decisions)  # both decisions occur
 
 
 def test_extractors_reject_bad_events():
@@ -168,3 +173,56 @@ def test_extractors_reject_bad_events():
         features.admission(np.array([[2, 0, 0, 0]]))
     with pytest.raises(KmlcError, match="integers"):
         features.admission(np.zeros((1, 4)))
+
+
+def test_streams_equal_batch_extraction():
+    """One event at a time (for closed-loop simulators) gives exactly the
+    batch extraction's features."""
+    from kmlc import features
+
+    rng = np.random.default_rng(5)
+    n = 3000
+    ev = np.stack([np.cumsum(rng.integers(0, 5_000_000, n)), rng.integers(0, 5, n),
+                   rng.integers(0, 2**21, n), rng.choice([2, 32, 80], n)], 1)
+    s = features.ReadaheadStream(window_events=8, window_ms=100)
+    got = [(i, f) for i, e in enumerate(ev.tolist()) if (f := s.add(*e)) is not None]
+    want = features.readahead(ev, window_events=8, window_ms=100)
+    assert [i for i, _ in got] == want.closed_by.tolist()
+    assert np.array_equal(np.array([f for _, f in got]), want.raw)
+
+    kinds = rng.integers(0, 2, n)
+    aev = np.stack([kinds, rng.integers(1, 2**20, n), rng.integers(0, 10**8, n),
+                    rng.integers(512, 2**20, n)], 1)
+    a = features.AdmissionStream()
+    rows = [a.read(e[1], e[2]) if e[0] == 0 else a.complete(e[1] % 64, e[2], e[3])
+            for e in aev.tolist()]
+    aev[kinds == 1, 1] %= 64
+    assert np.array_equal(np.array([r for r in rows if r is not None]),
+                          features.admission(aev).raw)
+
+
+@pytest.mark.parametrize("numerics", ["fixed", "float"])
+def test_readahead_decisions_are_the_modules(tmp_path, numerics):
+    """Features from kmlc.features with the hook's fraction bits, decided by
+    twin.decide(), equal the hook's own replay (window flags included): a
+    simulator sees what the module would do."""
+    from conftest import readahead_policy
+    from kmlc import features
+    from kmlc.api import compile as kcompile, load
+
+    m, cal = readahead_policy()
+    kcompile(m, tmp_path / "ra", name="rap", numerics=numerics, targets=["kernel", "user"],
+             calibration=cal if numerics == "fixed" else None, hooks=["readahead"])
+    twin = load(tmp_path / "ra")
+    rng = np.random.default_rng(6)
+    n = 4000
+    files = rng.integers(0, 4, n)
+    pages = np.where(files < 2, np.arange(n) * 8, rng.integers(0, 2**20, n))
+    ev = np.stack([np.arange(n) * 1000, files, pages, rng.choice([2, 32, 80], n)], 1)
+    w = features.readahead(ev, window_events=16, frac=twin.hook_frac)
+    classes = twin.decide(w.raw)
+    flags = np.zeros(n, dtype=np.int64)
+    flags[w.closed_by] = 2
+    rf, rc = twin.ra_replay(np.stack([files, pages, ev[:, 3], flags], 1))
+    assert np.array_equal(rf, w.raw) and np.array_equal(rc, classes)
+    assert set(classes.tolist()) == {0, 2}  # random files -> 0, sequential -> 2
