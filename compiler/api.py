@@ -7,10 +7,10 @@ OUTDIR (and never deletes a directory kmlc did not create).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,15 +37,6 @@ class CompileResult:
     outdir: Path
     program: Program
     manifest: dict
-
-
-def _model_bytes(model) -> tuple[bytes, str]:
-    import onnx
-
-    if isinstance(model, onnx.ModelProto):
-        return model.SerializeToString(), "<in-memory model>"
-    p = Path(model)
-    return (p.read_bytes() if p.is_file() else b""), p.name
 
 
 def check_name(name: str) -> str:
@@ -132,13 +123,13 @@ def check_budget(prog: Program, max_weight_bytes: int, max_workspace_bytes: int)
                         f"'{big.value}', {big.nbytes} B); raise it with --max-workspace-bytes")
 
 
-def lower_model(model, *, name: str | None = None, numerics: str = "float",
-                print_after: Callable[[str, str], None] | None = None,
+def lower_model(model, example_inputs=None, *, params=None, name: str | None = None,
+                numerics: str = "float", print_after: Callable[[str, str], None] | None = None,
                 calibration: np.ndarray | None = None, weight_bits: str = "auto",
                 input_frac_bits: list[int] | None = None) -> Program:
-    """Frontend and passes: an ONNX model (path or ModelProto) to a planned
-    program.  Fixed point needs ``calibration`` rows."""
-    from .frontends import onnx as onnx_frontend
+    """Frontend and passes: a model (see ``compile``) to a planned program.
+    Fixed point needs ``calibration`` rows."""
+    from .frontends import load as import_model
     from .passes.quantize import QuantOptions
 
     if numerics not in NUMERICS:
@@ -146,13 +137,15 @@ def lower_model(model, *, name: str | None = None, numerics: str = "float",
                         f"(available: {', '.join(NUMERICS)})")
     if numerics == "float" and calibration is not None:
         raise KmlcError("--calibration is only used with --numerics fixed")
-    graph = onnx_frontend.load(model, name=check_name(name) if name else None)
+    graph = import_model(model, example_inputs, params=params,
+                         name=check_name(name) if name else None).graph
     check_name(graph.name)
     return run_pipeline(graph, numerics, print_after, calibration,
                         QuantOptions(str(weight_bits), input_frac_bits))
 
 
-def compile(model, outdir, *, targets="all", name: str | None = None, numerics: str = "float",
+def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, targets="all",
+            name: str | None = None, numerics: str = "float",
             print_after: Callable[[str, str], None] | None = None,
             golden_data: np.ndarray | None = None, golden_count: int = DEFAULT_GOLDEN_COUNT,
             seed: int = 0, max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
@@ -160,21 +153,40 @@ def compile(model, outdir, *, targets="all", name: str | None = None, numerics: 
             cc: str | None = None, calibration: np.ndarray | None = None,
             weight_bits: str = "auto", input_frac_bits: list[int] | None = None,
             hooks=()) -> CompileResult:
-    """Compile ``model`` (an ONNX path or ModelProto) into ``outdir``;
+    """Compile ``model`` into ``outdir``; the frontend follows the model's type:
+
+        compile("m.onnx" | onnx.ModelProto, outdir)
+        compile(torch_module, example_inputs, outdir)   # a tensor or a tuple
+        compile(relax_irmodule, outdir, params=None)
+
     ``numerics="fixed"`` needs ``calibration`` rows (N, in_elems)."""
     from .codegen import emit
+    from .frontends import load as import_model
     from .targets import user
 
+    torch = sys.modules.get("torch")
+    example_inputs = None
+    if torch is not None and isinstance(model, torch.nn.Module):
+        example_inputs = inputs_or_outdir
+    elif outdir is None:
+        outdir = inputs_or_outdir
+    elif inputs_or_outdir is not None:
+        raise KmlcError("two output directories given; example inputs are only for a "
+                        "torch.nn.Module")
+    if outdir is None:
+        raise KmlcError("no output directory given: compile(model, outdir) or "
+                        "compile(module, example_inputs, outdir)")
     targets = normalize_targets(targets)
     outdir = Path(outdir)
     _check_outdir(outdir)
-    prog = lower_model(model, name=name, numerics=numerics, print_after=print_after,
+    imported = import_model(model, example_inputs, params=params,
+                            name=check_name(name) if name else None)
+    prog = lower_model(imported.graph, numerics=numerics, print_after=print_after,
                        calibration=calibration, weight_bits=weight_bits,
                        input_frac_bits=input_frac_bits)
     check_budget(prog, max_weight_bytes, max_workspace_bytes)
     prog.hooks = check_hooks(prog, hooks, targets)
-    raw, source = _model_bytes(model)
-    sha = hashlib.sha256(raw).hexdigest()
+    source, sha = imported.source, imported.sha256
     render = lambda ts, goldens=None: emit.render(  # noqa: E731
         prog, ts, source=source, sha256=sha, user_cflags=" ".join(user.CFLAGS), goldens=goldens)
 

@@ -37,6 +37,39 @@ def _int_list(text: str | None) -> list[int] | None:
         raise KmlcError(f"--input-frac-bits takes integers separated by commas, not '{text}'")
 
 
+def _model_arg(model: str, input_shapes) -> tuple:
+    """MODEL as the API takes it, and its example inputs: an ONNX path, or
+    for FILE.py:NAME a torch.nn.Module with zero inputs of each --input-shape."""
+    path, sep, attr = model.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        if input_shapes:
+            raise KmlcError("--input-shape is for a PyTorch model given as FILE.py:NAME",
+                            where=model)
+        return model, None
+    from .frontends import require
+
+    torch = require("torch", "a PyTorch model (FILE.py:NAME)", "torch")
+    from .frontends.torch import module_from_file
+
+    shapes = [_shape(s) for s in input_shapes]
+    module = module_from_file(path, attr)
+    if not shapes:
+        raise KmlcError("a PyTorch model needs --input-shape (e.g. --input-shape 1,5), once per "
+                        "forward() argument", where=model)
+    return module, tuple(torch.zeros(s) for s in shapes)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) <= 0:
+        raise KmlcError(f"--input-shape takes positive integers separated by commas (e.g. 1,5), "
+                        f"not '{text}'")
+    return dims
+
+
 def _print_stage(stage: str, text: str, err: bool = True) -> None:
     from .passes import banner
 
@@ -47,17 +80,24 @@ def _print_stage(stage: str, text: str, err: bool = True) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kmlc")
 def cli():
-    """kmlc compiles small ONNX models into Linux kernel modules, userspace
-    twins and KUnit suites that agree bit for bit."""
+    """kmlc compiles small ONNX or PyTorch models into Linux kernel modules,
+    userspace twins and KUnit suites that agree bit for bit."""
+
+
+_INPUT_SHAPE = click.option(
+    "--input-shape", "input_shapes", multiple=True, metavar="D,D,...",
+    help="For FILE.py:NAME: the shape of forward()'s input; repeat for each input.")
 
 
 @cli.command("compile")
 @click.argument("model", type=click.Path(dir_okay=False))
+@_INPUT_SHAPE
 @click.option("-o", "--outdir", required=True, type=click.Path(file_okay=False),
               help="Output directory (replaced atomically; must be new, empty or kmlc's).")
 @click.option("--target", "targets", multiple=True, default=["all"], show_default=True,
               help="kernel, user, kunit or all; repeat or comma-separate.")
-@click.option("--name", help="Model name (C identifier); default: the file name.")
+@click.option("--name", help="Model name (C identifier); default: the file name (the "
+              "module's class name for FILE.py:NAME).")
 @click.option("--numerics", default="float", show_default=True,
               type=click.Choice(["float", "fixed"]),
               help="float: f32 in an FPU section; fixed: integers only (needs --calibration).")
@@ -76,15 +116,18 @@ def cli():
 @click.option("--seed", default=0, show_default=True, help="Seed for random golden inputs.")
 @click.option("--max-weight-bytes", default=1 << 20, show_default=True, type=int)
 @click.option("--max-workspace-bytes", default=64 << 10, show_default=True, type=int)
-def compile_cmd(model, outdir, targets, name, numerics, calibration, weight_bits,
+def compile_cmd(model, input_shapes, outdir, targets, name, numerics, calibration, weight_bits,
                 input_frac_bits, hooks, print_after_all, golden_data, golden_count, seed,
                 max_weight_bytes, max_workspace_bytes):
-    """Compile MODEL (.onnx) into OUTDIR: kernel/, user/, kunit/."""
+    """Compile MODEL into OUTDIR: kernel/, user/, kunit/.  MODEL is an .onnx
+    file, or FILE.py:NAME with NAME an nn.Module class or a function
+    returning one (with --input-shape)."""
     from .api import compile as kcompile
 
+    model, example_inputs = _model_arg(model, input_shapes)
     data = _load_npy(golden_data, "golden data") if golden_data else None
     cal = _load_npy(calibration, "calibration data") if calibration else None
-    r = kcompile(model, outdir, targets=targets, name=name, numerics=numerics,
+    r = kcompile(model, example_inputs, outdir, targets=targets, name=name, numerics=numerics,
                  print_after=_print_stage if print_after_all else None, golden_data=data,
                  golden_count=golden_count, seed=seed, max_weight_bytes=max_weight_bytes,
                  max_workspace_bytes=max_workspace_bytes, calibration=cal,
@@ -98,17 +141,20 @@ def compile_cmd(model, outdir, targets, name, numerics, calibration, weight_bits
 
 @cli.command()
 @click.argument("model", type=click.Path(dir_okay=False))
+@_INPUT_SHAPE
 @click.option("--name", help="Model name; default: the file name.")
 @click.option("--numerics", default="float", show_default=True,
               type=click.Choice(["float", "fixed"]))
 @click.option("--calibration", type=click.Path(dir_okay=False),
               help="Rows .npy, for --numerics fixed.")
-def inspect(model, name, numerics, calibration):
-    """Print MODEL's IR after every pass, its schedule and its memory plan."""
+def inspect(model, input_shapes, name, numerics, calibration):
+    """Print MODEL's IR after every pass, its schedule and its memory plan
+    (MODEL as for compile)."""
     from .api import lower_model
 
+    model, example_inputs = _model_arg(model, input_shapes)
     cal = _load_npy(calibration, "calibration data") if calibration else None
-    lower_model(model, name=name, numerics=numerics, calibration=cal,
+    lower_model(model, example_inputs, name=name, numerics=numerics, calibration=cal,
                 print_after=lambda s, t: _print_stage(s, t, err=False))
 
 

@@ -59,7 +59,7 @@ if [ ! -x .venv/bin/python ]; then
 	python3 -m venv .venv
 fi
 EXTRAS=""
-[ "$MODE" = test ] && EXTRAS="[test,torch]"
+[ "$MODE" = test ] && EXTRAS="[test,torch,tvm]"
 stamp=".venv/.kmlc-installed$(echo "$EXTRAS" | tr -dc 'a-z')"
 if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 	say "installing kmlc into .venv (pip install -e .$EXTRAS)"
