@@ -1,0 +1,156 @@
+"""Readahead policies, and one simulated run of a workload under one of them.
+
+  default   Linux's default, ra_pages 32 (128 KiB, 256 sectors) for every file
+  fixed-N   ra_pages N for every file (blockdev --setra N*8)
+  learned   the kmlc hook: kml_<name>_ra.c's kml_miss() on each
+            page_cache_sync_ra()/page_cache_async_ra() call, with the
+            compiled model's own feature encoding and decision code
+            (kmlc.features.ReadaheadStream + Twin.decide) and its class table
+  explore   for training traces: the hook's windows, and at each window's
+            close a random class's ra_pages (so the current-readahead
+            feature takes every value it takes in deployment)
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .sim import DEVICES, PAGE_SIZE, Cpu, File, Sim
+from .workloads import APPEND, APPEND_BYTES, CLASSES, CpuCosts, Db, generate
+
+DEFAULT_RA = 32                       # VM_READAHEAD_PAGES: 128 KiB
+WINDOW_EVENTS, WINDOW_MS = 64, 1000   # the hook's module parameters, at their defaults
+EXPLORE_RA = (2, 32, 80, 120)         # the values a file's ra_pages takes under the hook
+
+
+def class_table(outdir: Path) -> list[int]:
+    """The class -> ra_pages table the compiled hook applies, read from its
+    generated <name>_policy.h (edit it there and recompile the module)."""
+    for h in sorted(Path(outdir, "kernel").glob("*_policy.h")):
+        m = re.search(r"_ra_pages\[[^\]]*\]\s*=\s*\{([^}]*)\}", h.read_text())
+        if m:
+            return [int(v) for v in m.group(1).replace(",", " ").split()]
+    raise FileNotFoundError(f"{outdir}: no readahead policy header (compile with --hooks readahead)")
+
+
+class LearnedHook:
+    """kml_miss() of the generated readahead hook, on the simulator.
+
+    Per file: the class of its last window (-1 before the first) and the
+    ra_pages it maps to.  On each call, a file with a class gets that
+    ra_pages back; the miss goes into the file's window; a window that
+    closes is classified.  A fixed-point model decides inline, so its class
+    applies to this very call; a float model runs in a work item, so its
+    class applies from the file's next call (the work item is taken to run
+    before then).  CPU: ``hook_event_ns`` per call, ``hook_infer_ns`` per
+    inference.
+    """
+
+    def __init__(self, outdir: Path, cpu: Cpu = Cpu(), record: bool = False):
+        import kmlc
+        from kmlc import features
+
+        self.twin = kmlc.load(outdir)
+        self.deferred = not self.twin.fixed
+        self.table = class_table(outdir)
+        self.stream = features.ReadaheadStream(window_events=WINDOW_EVENTS, window_ms=WINDOW_MS,
+                                               frac=self.twin.hook_frac)
+        self.cpu = cpu
+        self.files: dict[int, list] = {}   # id -> [class, ra_pages, pending class]
+        self.decisions = np.zeros(len(self.table), dtype=np.int64)
+        self.windows: list | None = [] if record else None   # (features, class) per window
+
+    def __call__(self, sim: Sim, f: File, index: int, t: int) -> int:
+        s = self.files.setdefault(f.id, [-1, 0, -1])
+        if s[2] >= 0:                              # the work item has run
+            s[0], s[1], s[2] = s[2], self.table[s[2]], -1
+        if s[0] >= 0:
+            f.ra.ra_pages = s[1]                   # keep the model's choice
+        sim.now += self.cpu.hook_event_ns
+        seen = f.ra.ra_pages
+        feats = self.stream.add(t, f.id, index, seen)
+        if feats is None:
+            return seen
+        cls = int(self.twin.decide(feats)[0])
+        sim.now += self.cpu.hook_infer_ns
+        if self.windows is not None:
+            self.windows.append((feats, cls))
+        self.decisions[cls] += sim.measuring
+        if self.deferred:
+            s[2] = cls
+        else:
+            s[0], s[1] = cls, self.table[cls]
+            f.ra.ra_pages = s[1]
+        return seen
+
+
+class ExploreHook:
+    """The hook's windows without a model: each closed window's features
+    (float encoding) are kept, then the file gets a random ra_pages from
+    EXPLORE_RA with probability ``p``."""
+
+    def __init__(self, rng: np.random.Generator, p: float = 0.5):
+        from kmlc import features
+
+        self.rng, self.p = rng, p
+        self.stream = features.ReadaheadStream(window_events=WINDOW_EVENTS, window_ms=WINDOW_MS)
+        self.rows: list[np.ndarray] = []
+
+    def __call__(self, sim: Sim, f: File, index: int, t: int) -> int:
+        seen = f.ra.ra_pages
+        feats = self.stream.add(t, f.id, index, seen)
+        if feats is not None:
+            self.rows.append(feats)
+            if self.rng.random() < self.p:
+                f.ra.ra_pages = int(self.rng.choice(EXPLORE_RA))
+        return seen
+
+
+def measured_ops(workload: str, db: Db, quick: bool = False) -> tuple[int, int]:
+    """(warm-up, measured) operation counts.  Sequential workloads run one
+    pass over the database from a cold cache; the others warm the cache
+    (twice its size in operations) before measuring."""
+    blocks = db.files * db.blocks_per_file
+    if workload in ("readseq", "readreverse"):
+        return 0, blocks
+    return 2 * db.cache_pages, (2 if quick else 3) * db.cache_pages
+
+
+def run(workload: str, device: str, policy: str, db: Db, *, seed: int, warm: int,
+        measure: int, outdir: Path | None = None, trace: list | None = None,
+        hook=None, cpu: Cpu = Cpu(), app: CpuCosts = CpuCosts()) -> dict:
+    """One run: the same operations (``seed``) whatever the policy.
+    ``policy``: "default", "fixed-N", "learned" (needs ``outdir``, a
+    compiled model) or "explore" (needs ``hook``)."""
+    if policy == "default":
+        ra = DEFAULT_RA
+    elif policy.startswith("fixed-"):
+        ra = int(policy[6:])
+    elif policy == "learned":
+        hook = hook or LearnedHook(outdir, cpu)
+        ra = DEFAULT_RA
+    elif policy == "explore":
+        ra = DEFAULT_RA
+    else:
+        raise ValueError(f"unknown policy {policy!r}")
+    sim = Sim(DEVICES[device], db.cache_pages, cpu, hook=hook, trace=trace)
+    files = [File(i, db.file_pages * PAGE_SIZE, ra) for i in range(db.files)]
+    files.append(File(db.files, 0, ra))                   # the write-ahead log
+    ops = generate(workload, db, warm + measure, seed, app)
+    bb = db.block_bytes
+    read, append, think = sim.read, sim.append, sim.think
+    for n, (kind, fid, block, cpu_ns) in enumerate(ops.tolist()):
+        if n == warm:
+            sim.start_measuring()
+        if kind == APPEND:
+            append(files[fid], APPEND_BYTES)
+        else:
+            read(files[fid], block * bb, bb)
+        think(cpu_ns)
+        sim.stats.ops += 1
+    out = sim.result()
+    if isinstance(hook, LearnedHook):
+        out["decisions"] = {c: int(v) for c, v in zip(CLASSES, hook.decisions)}
+    return out

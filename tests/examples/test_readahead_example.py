@@ -1,0 +1,333 @@
+"""examples/readahead: the page-cache simulator against hand-worked cases
+of Linux 6.1's mm/readahead.c, the learned policy against the compiled
+module's own replay, and the one-command pipeline (quick mode) for
+reproducibility."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "readahead"
+sys.path.insert(0, str(EXAMPLE.parent))
+
+from readahead import sim as S  # noqa: E402
+from readahead.experiment import ExploreHook, LearnedHook, class_table, run  # noqa: E402
+from readahead.workloads import Db  # noqa: E402
+
+PAGE = S.PAGE_SIZE
+NVME = S.DEVICES["nvme"]
+
+
+def one_file(ra_pages, pages=4096, cache=100_000, hook=None):
+    trace = []
+    sim = S.Sim(NVME, cache, hook=hook, trace=trace)
+    return sim, S.File(0, pages * PAGE, ra_pages), trace
+
+
+def windows(sim, f, reads):
+    """The (start, size, async_size) after each readahead call, for page reads."""
+    seen = []
+    orig = sim.do_page_cache_ra
+
+    def spy(file, index, nr, lookahead):
+        seen.append((index, nr, lookahead))
+        orig(file, index, nr, lookahead)
+    sim.do_page_cache_ra = spy
+    for p in reads:
+        sim.read(f, p * PAGE, PAGE)
+    return seen
+
+
+def marked(sim, f):
+    return sorted(k & ((1 << S.KEY_SHIFT) - 1) for k, p in sim.cache.items() if p[1])
+
+
+# ---- mm/readahead.c, worked by hand ----------------------------------------------------
+
+def test_sequential_stream_ramps_up_to_ra_pages():
+    """Reading a file page by page from offset 0 with ra_pages 32:
+    get_init_ra_size(1, 32) = 4 with async_size 3 (marker on page 1), then
+    each marker hit moves the window on and ramps it x2 (8 < 32/16 is
+    false) up to 32: [0,4) [4,12) [12,28) [28,60) [60,92) [92,124) [124,156),
+    each marked at its first page."""
+    sim, f, trace = one_file(32)
+    got = windows(sim, f, range(100))
+    assert got == [(0, 4, 3), (4, 8, 8), (12, 16, 16), (28, 32, 32), (60, 32, 32),
+                   (92, 32, 32), (124, 32, 32)]
+    assert [(ev[2], ev[3]) for ev in trace] == [(0, 32), (1, 32), (4, 32), (12, 32), (28, 32),
+                                               (60, 32), (92, 32)]
+    assert (sim.stats.sync_calls, sim.stats.async_calls) == (1, 6)
+    assert marked(sim, f) == [124]                     # the marker of the window not yet hit
+    assert (f.ra.start, f.ra.size, f.ra.async_size) == (124, 32, 32)
+    assert sim.stats.misses == 1 and sim.stats.hits == 99   # only page 0 was waited for
+
+
+def test_initial_window_follows_the_request_size():
+    # 4 pages at offset 0: roundup 4 <= 32/4 -> 8 pages, async_size 8 - 4 = 4
+    sim, f, _ = one_file(32)
+    assert windows(sim, f, []) == []
+    sim.read(f, 0, 4 * PAGE)
+    assert (f.ra.start, f.ra.size, f.ra.async_size) == (0, 8, 4) and marked(sim, f) == [4]
+    # ra_pages 2: get_init_ra_size(1, 2) = 2 (1 > 2/32 and 1 > 2/4), async 1;
+    # the marker hit at page 1 gives [2, 4) marked at its first page
+    sim, f, _ = one_file(2)
+    assert windows(sim, f, [0, 1]) == [(0, 2, 1), (2, 2, 2)]
+    assert marked(sim, f) == [2]
+
+
+def test_readit_merges_a_window_that_would_hit_its_own_marker():
+    """A 32-page read at page 1000 right after reading page 999 (a
+    sequential miss, index - prev_index = 0): get_init_ra_size(32, 32) = 32
+    = req, so async_size = size and index == start; readit merges the next
+    window (32 + 32 > 32): size 32, async_size 16, marker at 1016.  The same
+    read reaches the marker, and page_cache_async_ra moves on: [1032, 1064)."""
+    sim, f, trace = one_file(32)
+    got = windows(sim, f, [999])
+    assert got == [(999, 1, 0)]                    # standalone random read
+    sim.read(f, 1000 * PAGE, 32 * PAGE)
+    assert got == [(999, 1, 0), (1000, 32, 16), (1032, 32, 32)]
+    assert [ev[2] for ev in trace] == [999, 1000, 1016] and marked(sim, f) == [1032]
+
+
+def test_random_read_reads_only_the_page():
+    sim, f, trace = one_file(32)
+    sim.read(f, 1000 * PAGE, PAGE)
+    assert len(sim.cache) == 1 and sim.disk.requests == 1 and sim.disk.pages_read == 1
+    assert (f.ra.start, f.ra.size, f.ra.async_size) == (0, 0, 0)   # state left alone
+    assert marked(sim, f) == [] and trace == [(1000, 0, 1000, 32)]   # after the 1 us syscall
+
+
+def test_reverse_reads_never_read_ahead():
+    """index - prev_index is 'negative' (huge unsigned) and there is no cached
+    history below: every page is a standalone random read."""
+    sim, f, trace = one_file(120)
+    for p in range(1000, 989, -1):
+        sim.read(f, p * PAGE, PAGE)
+    assert sim.disk.requests == 11 and sim.disk.pages_read == 11
+    assert [ev[2] for ev in trace] == list(range(1000, 989, -1))
+    assert sim.stats.async_calls == 0 and sim.stats.prefetched == 0
+
+
+def preload(sim, f, pages):
+    for p in pages:
+        sim.cache[f.base | p] = [0, False, S.USED]
+
+
+def test_context_readahead_from_cached_history():
+    # pages 100..109 cached, 99 not: history 10 > req 1, size min(10 + 1, 32)
+    sim, f, _ = one_file(32)
+    preload(sim, f, range(100, 110))
+    sim.read(f, 110 * PAGE, PAGE)
+    assert (f.ra.start, f.ra.size, f.ra.async_size) == (110, 11, 1)
+    assert marked(sim, f) == [120]
+    # history reaching page 0 (prev_miss wraps to ULONG_MAX): history = index,
+    # which doubles (size >= index): min(2 * 10 + 1, 32) = 21
+    sim, f, _ = one_file(32)
+    preload(sim, f, range(0, 10))
+    sim.read(f, 10 * PAGE, PAGE)
+    assert (f.ra.start, f.ra.size, f.ra.async_size) == (10, 21, 1)
+
+
+def test_page_cache_prev_miss_has_61s_off_by_one():
+    """6.1's page_cache_prev_miss() starts at index and, finding no gap in
+    max_scan pages, returns the last (cached) index it checked, so a fully
+    cached history of 32 pages counts 31."""
+    sim, f, _ = one_file(32)
+    preload(sim, f, range(50, 110))
+    assert sim.page_cache_prev_miss(f, 109, 32) == 78
+    assert sim.count_history_pages(f, 110, 32) == 31
+    assert sim.page_cache_prev_miss(f, 109, 100) == 49
+    assert sim.page_cache_next_miss(f, 50, 100) == 110
+
+
+def test_marker_hit_without_readahead_state():
+    """A marked page hit with a readahead state that does not expect it:
+    the cached run after it (16..20) is taken as the old async_size:
+    start 21, size get_next_ra_size(21 - 15 + 1, 32) = 14."""
+    sim, f, trace = one_file(32)
+    preload(sim, f, range(10, 21))
+    sim.cache[f.base | 15][1] = True
+    f.ra.prev_pos = 15 * PAGE
+    sim.read(f, 15 * PAGE, PAGE)
+    assert trace[0][2] == 15 and sim.stats.async_calls == 1 and sim.stats.sync_calls == 0
+    assert (f.ra.start, f.ra.size, f.ra.async_size) == (21, 14, 14)
+    assert marked(sim, f) == [21]
+
+
+def test_readahead_stops_at_end_of_file():
+    sim, f, _ = one_file(32, pages=10)
+    sim.read(f, 0, PAGE)                           # window [0, 4)
+    sim.read(f, PAGE, PAGE)                        # marker: [4, 12) clipped to [4, 10)
+    assert sorted(k & 0xFFFF for k in sim.cache) == list(range(10))
+
+
+# ---- the cache and the device --------------------------------------------------------
+
+def test_lru_cache_counts_hits_and_waste():
+    """Three pages of cache, single-page random reads 10 20 30 10 40 20 10:
+    hits at the 2nd read of 10 and the last read of 10 (20 was evicted)."""
+    sim, f, _ = one_file(32, cache=3)
+    for p in (10, 20, 30, 10, 40, 20, 10):
+        sim.read(f, p * PAGE, PAGE)
+    assert (sim.stats.hits, sim.stats.misses) == (2, 5)
+    assert sorted(k & 0xFFFF for k in sim.cache) == [10, 20, 40]
+    # a 4-page window in a 3-page cache: the first page read evicts two prefetched pages
+    sim, f, _ = one_file(32, cache=3)
+    sim.start_measuring()
+    sim.read(f, 0, PAGE)
+    assert (sim.stats.prefetched, sim.stats.wasted) == (3, 1)
+
+
+def test_device_model_by_hand():
+    d = S.Disk(NVME)                  # 80 us + 4096 B / 2500 MB/s = 1638.4 ns per page
+    assert d.submit(0, 1) == 80_000 + 1638
+    assert d.submit(0, 32) == 81_638 + 52_429          # waits for the channel
+    assert d.submit(10**6, 1) == 10**6 + 81_638        # idle device: latency + transfer
+    s = S.Disk(S.DEVICES["sata"])     # 50 us + 4096 B / 500 MB/s
+    assert s.submit(0, 2) == 50_000 + 16_384
+
+
+# ---- the learned policy is the module's ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def policy_dirs(tmp_path_factory):
+    """The transparent test policy (readseq below 1024 pages of mean delta,
+    readrandom above) compiled fixed and float with the readahead hook."""
+    from conftest import readahead_policy
+    from kmlc.api import compile as kcompile
+
+    m, cal = readahead_policy()
+    d = tmp_path_factory.mktemp("rapol")
+    out = {}
+    for numerics in ("fixed", "float"):
+        out[numerics] = d / numerics
+        kcompile(m, out[numerics], name="rap", numerics=numerics, targets=["kernel", "user"],
+                 calibration=cal if numerics == "fixed" else None, hooks=["readahead"])
+    return out
+
+
+@pytest.mark.parametrize("numerics", ["fixed", "float"])
+def test_learned_policy_is_the_modules(policy_dirs, numerics):
+    """On the simulator's call sequence, the learned policy's windows,
+    features and classes are the compiled hook's replay of the same trace,
+    and each class sets the file's ra_pages from the module's table: at once
+    for fixed point, from the file's next call for float (deferred)."""
+    from kmlc import features
+
+    outdir = policy_dirs[numerics]
+    table = class_table(outdir)
+    assert table == [2, 2, 80, 120]
+    hook = LearnedHook(outdir, record=True)
+    trace: list = []
+    db = Db(files=2, file_pages=8192, cache_pages=2048)
+    run("mixgraph", "nvme", "learned", db, seed=3, warm=0, measure=6000, hook=hook,
+        trace=trace)
+    ev = np.array(trace, dtype=np.int64)
+    w = features.readahead(ev, window_events=64, window_ms=1000, frac=hook.twin.hook_frac)
+    assert len(w.raw) >= 20
+    assert np.array_equal(w.raw, np.array([f for f, _ in hook.windows]))
+    flags = np.zeros(len(ev), dtype=np.int64)
+    flags[w.closed_by] = 2
+    firsts = np.unique(ev[:, 1], return_index=True)[1]
+    flags[firsts] |= 1
+    rf, rc = hook.twin.ra_replay(np.stack([ev[:, 1], ev[:, 2], ev[:, 3], flags], 1))
+    assert np.array_equal(rf, w.raw)
+    assert rc.tolist() == [c for _, c in hook.windows]
+    assert {0, 2} <= set(rc.tolist())   # the policy sees scans and random gets
+    # the ra_pages each file's next call sees
+    lag = 0 if numerics == "fixed" else 1
+    for i, cls in zip(w.closed_by, rc):
+        nxt = np.nonzero(ev[i + 1:, 1] == ev[i, 1])[0]
+        if len(nxt) > lag:
+            j = i + 1 + nxt[lag]
+            assert ev[j, 3] == table[cls], (i, j)
+
+
+def test_explore_rows_are_kmlc_features():
+    """The training rows (stream, one call at a time) are the batch
+    extractor's windows of the recorded trace."""
+    from kmlc import features
+
+    hook, trace = ExploreHook(np.random.default_rng(0)), []
+    run("readrandom", "sata", "explore", Db(files=2, file_pages=1024, cache_pages=1024),
+        seed=4, warm=0, measure=4000, hook=hook, trace=trace)
+    w = features.readahead(np.array(trace, dtype=np.int64), window_events=64, window_ms=1000)
+    assert len(hook.rows) >= 20
+    assert np.array_equal(np.array(hook.rows), w.raw)
+    assert len(set(w.raw[:, 4].tolist())) > 1          # ra_pages varied
+
+
+# ---- the pipeline ----------------------------------------------------------------------
+
+def run_quick(workdir: Path) -> dict:
+    res = subprocess.run([sys.executable, str(EXAMPLE / "run.py"), "--quick", "--workdir",
+                          str(workdir)], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads((workdir / "results" / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def quick_runs(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    a, b = tmp_path_factory.mktemp("qa"), tmp_path_factory.mktemp("qb")
+    return (a, run_quick(a)), (b, run_quick(b))
+
+
+@pytest.mark.torch
+def test_quick_pipeline_is_reproducible(quick_runs):
+    (da, a), (db_, b) = quick_runs
+    for r in (a, b):
+        r.pop("compile")           # kmlc's report names the output directory
+    assert a == b
+    assert (da / "readahead.onnx").read_bytes() == (db_ / "readahead.onnx").read_bytes()
+    assert (da / "results" / "readahead.png").stat().st_size > 10_000
+    res = a["results"]
+    assert set(res) == {"nvme", "sata"} and len(res["nvme"]) == 5
+    for per_p in res["nvme"].values():
+        assert set(per_p) == {"default", "fixed-2", "fixed-256", "learned-fixed",
+                              "learned-float"}
+    assert a["agreement"]["all"]["windows"] > 0
+
+
+@pytest.mark.torch
+def test_checked_in_model_compiles_with_the_hook(quick_runs, tmp_path):
+    (workdir, _), _ = quick_runs
+    from conftest import kmlc_cli
+
+    onnx = EXAMPLE / "readahead.onnx"
+    assert onnx.is_file() and onnx.stat().st_size < 20_000
+    r = kmlc_cli("compile", onnx, "-o", tmp_path / "fx", "--numerics", "fixed",
+                 "--calibration", workdir / "train_x.npy", "--hooks", "readahead")
+    assert r.returncode == 0, r.stderr
+    r = kmlc_cli("compile", onnx, "-o", tmp_path / "fl", "--hooks", "readahead")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "fx" / "kernel" / "readahead_ra.c").is_file()
+    assert class_table(tmp_path / "fl") == [2, 2, 80, 120]
+
+
+def test_readme_shows_the_checked_in_results():
+    """The README's results section is results/results.md, as run.py wrote
+    it, and results.json holds the full run's numbers."""
+    readme = (EXAMPLE / "README.md").read_text()
+    block = readme.split("<!-- results:begin -->\n", 1)[1].split("<!-- results:end -->", 1)[0]
+    assert block == (EXAMPLE / "results" / "results.md").read_text()
+    r = json.loads((EXAMPLE / "results" / "results.json").read_text())
+    assert r["command"] == "python examples/readahead/run.py"
+    base = r["results"]["nvme"]["readrandom"]["default"]["throughput_mb_s"]
+    assert f"| nvme | readrandom | {base:.1f} |" in block
+    assert (EXAMPLE / "results" / "readahead.png").is_file()
+
+
+def test_bad_arguments_fail_with_one_line():
+    for args, msg in ((["--jobs", "0"], "--jobs must be at least 1"),
+                      (["--bogus"], "unrecognized arguments: --bogus")):
+        r = subprocess.run([sys.executable, str(EXAMPLE / "run.py"), *args],
+                           capture_output=True, text=True)
+        assert r.returncode != 0 and r.stderr.strip().splitlines() == [f"run.py: {msg}"]
