@@ -162,13 +162,15 @@ def inspect(model, input_shapes, name, numerics, calibration):
 @click.argument("outdir", type=click.Path(file_okay=False))
 @click.option("--kdir", type=click.Path(file_okay=False),
               help="Kernel build directory (default: running kernel's, else installed headers).")
-@click.option("--llvm", is_flag=True, help="Build with LLVM=1 (clang).")
+@click.option("--llvm", is_flag=True, help="Build with LLVM=1 (clang), against --kdir or the "
+              "clang-built KUnit kernel (kmlc kunit --arch x86_64 builds it).")
 def build(outdir, kdir, llvm):
     """Build OUTDIR/kernel into a .ko with W=1; any warning fails."""
-    from .targets.kernel import build_module, find_kdir
+    from .targets.kernel import build_module, find_kdir, llvm_kdir
 
     ko = build_module(Path(outdir) / "kernel", kdir=kdir, llvm=llvm)
-    click.echo(f"kmlc: built {ko} against {find_kdir(kdir)} (W=1, 0 warnings)")
+    k = llvm_kdir(kdir) if llvm else find_kdir(kdir)
+    click.echo(f"kmlc: built {ko} against {k} (W=1{', LLVM=1' if llvm else ''}, 0 warnings)")
 
 
 @cli.command()

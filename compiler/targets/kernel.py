@@ -60,6 +60,23 @@ def _metapackage_headers() -> Path | None:
     return Path("/usr/src") / m.group(1) if m else None
 
 
+def llvm_kdir(kdir=None) -> Path:
+    """The kernel tree an LLVM=1 build uses: ``kdir`` if given, else the
+    clang-built x86_64 KUnit kernel (Debian's headers are configured for
+    gcc).  Either must be configured for clang."""
+    from .kunit import llvm_kdir as kunit_llvm_kdir
+
+    k = find_kdir(kdir) if kdir else kunit_llvm_kdir()
+    if k is None:
+        raise KmlcError("LLVM=1 needs a kernel tree configured with clang, and Debian's headers "
+                        "are configured for gcc: pass --kdir, or run `kmlc kunit OUTDIR --arch "
+                        "x86_64` once, which builds one under ~/.cache/kmlc")
+    if kernel_config(k).get("CONFIG_CC_IS_CLANG") != "y":
+        raise KmlcError(f"{k} was not configured with clang (no CONFIG_CC_IS_CLANG=y), so "
+                        "LLVM=1 cannot build against it; pass --kdir with a clang-configured tree")
+    return k
+
+
 def make_command(kdir: Path, moddir: Path, *, llvm: bool = False, jobs: int | None = None):
     if not shutil.which("make"):
         raise KmlcError("make is not installed; run the README's setup command")
@@ -76,10 +93,7 @@ def build_module(moddir: Path, *, kdir=None, llvm: bool = False) -> Path:
     if not (moddir / "Kbuild").is_file():
         raise KmlcError("no Kbuild here; compile with --target kernel (or all)",
                         where=str(moddir))
-    k = find_kdir(kdir)
-    if llvm and kernel_config(k).get("CONFIG_CC_IS_GCC") == "y":
-        raise KmlcError(f"{k} was configured for gcc (CONFIG_CC_IS_GCC=y), so LLVM=1 cannot "
-                        "build against it; pass --kdir with a kernel tree configured with clang")
+    k = llvm_kdir(kdir) if llvm else find_kdir(kdir)
     res = subprocess.run(make_command(k, moddir, llvm=llvm) + ["modules"],
                          capture_output=True, text=True)
     log = res.stdout + res.stderr

@@ -14,6 +14,14 @@ make rebuilds only what changed) and runs kunit.py with a .kunitconfig that
 enables exactly those suites.  UML turns kernel_fpu_begin() into a no-op;
 ``--arch x86_64`` boots a real x86_64 kernel under qemu, where the FPU
 section is the real one.
+
+The two kernels use the two compilers: UML is built with gcc, the x86_64
+kernel with clang (``LLVM=1``), so every suite proves both compilers'
+kernel builds bit-identical to the twin.  The x86_64 kernel also has
+modules, kprobes, debugfs and device-mapper enabled: its build directory
+(``llvm_kdir()``) is a clang-configured kernel tree that ``kmlc build
+--llvm`` builds out-of-tree modules against (Debian's headers are
+configured for gcc).
 """
 from __future__ import annotations
 
@@ -32,6 +40,13 @@ from ..errors import KmlcError
 TREE_NAME = "linux-source-6.1"
 TARBALL_DIR = Path("/usr/src")
 ARCHES = ("um", "x86_64")
+# Per arch: build directory name, make options, configuration beyond the suites.
+ARCH_BUILD = {
+    "um": ("um", [], ""),
+    "x86_64": ("x86_64-llvm", ["LLVM=1"],
+               "CONFIG_MODULES=y\nCONFIG_MODULE_UNLOAD=y\nCONFIG_KPROBES=y\n"
+               "CONFIG_DEBUG_FS=y\nCONFIG_MD=y\nCONFIG_BLK_DEV_DM=y\n"),
+}
 
 
 def cache_dir() -> Path:
@@ -85,6 +100,17 @@ def _append_once(path: Path, line: str) -> None:
 def _write_if_changed(path: Path, data: bytes) -> None:
     if not path.is_file() or path.read_bytes() != data:
         path.write_bytes(data)
+
+
+def build_dir(arch: str) -> Path:
+    return cache_dir() / "kunit-build" / ARCH_BUILD[arch][0]
+
+
+def llvm_kdir() -> Path | None:
+    """The clang-built x86_64 KUnit kernel's build directory, once a
+    ``kmlc kunit --arch x86_64`` run has built it."""
+    k = build_dir("x86_64")
+    return k if (k / "Module.symvers").is_file() else None
 
 
 def stage_dir() -> Path:
@@ -165,14 +191,17 @@ def run(outdirs: list[Path], *, arch: str = "um", jobs: int | None = None,
     with locked("kunit"):
         hook_tree(tree)
         models = stage_models(outdirs)
-        build = cache_dir() / "kunit-build" / arch
+        build = build_dir(arch)
         build.mkdir(parents=True, exist_ok=True)
-        cfg = cache_dir() / "kunit-build" / f"{arch}.kunitconfig"
-        cfg.write_text("CONFIG_KUNIT=y\n" + "".join(
+        _, make_options, extra = ARCH_BUILD[arch]
+        cfg = build.with_suffix(".kunitconfig")
+        cfg.write_text("CONFIG_KUNIT=y\n" + extra + "".join(
             f"CONFIG_KMLC_{m['name'].upper()}_KUNIT_TEST=y\n" for m in models))
         cmd = [sys.executable, str(tree / "tools/testing/kunit/kunit.py"), "run",
                f"--arch={arch}", f"--build_dir={build}", f"--kunitconfig={cfg}",
                f"--jobs={jobs or os.cpu_count() or 1}", "--raw_output=kunit"]
+        if make_options:
+            cmd += ["--make_options", *make_options]
         proc = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         lines = []

@@ -177,3 +177,34 @@ def test_kunit_x86_64_fixed_and_float(fixed, tmp_path):
     assert res["ok"], res["summary"]
     for suite in [f"kml_{n}_fx" for n in SEED_MODELS] + ["kml_readahead_fp"]:
         assert res["suites"][suite]["passed"] == GOLDEN + 1, res["summary"]
+
+
+@pytest.mark.kernel
+@pytest.mark.kunit
+def test_modules_build_with_llvm(fixed, tmp_path):
+    """LLVM=1: every module kind builds with clang, W=1 and zero warnings,
+    against the clang-configured tree of the x86_64 KUnit kernel (whose
+    suites just ran bit-identical; Debian's headers are configured for gcc)."""
+    from conftest import readahead_policy
+
+    kdir = kunit.llvm_kdir()
+    if kdir is None:  # this file's x86_64 KUnit test builds it; alone, build it here
+        kunit.run([fixed["readahead"][0]], arch="x86_64")
+        kdir = kunit.llvm_kdir()
+    assert kernel.kernel_config(kdir)["CONFIG_CC_IS_CLANG"] == "y"
+    ra, ra_cal = readahead_policy()
+    builds = {  # names differ from the suites built into that kernel
+        "fp": (EXAMPLES / "heimdall.onnx", {}),
+        "fx": (EXAMPLES / "nfs_rsize.onnx", {"numerics": "fixed",
+                                             "calibration": calibration("nfs_rsize")}),
+        "admit": (EXAMPLES / "heimdall.onnx", {"numerics": "fixed", "hooks": ["admission"],
+                                               "calibration": calibration("heimdall")}),
+        "rafx": (ra, {"numerics": "fixed", "calibration": ra_cal, "hooks": ["readahead"]}),
+        "rafp": (ra, {"hooks": ["readahead"]}),
+    }
+    for tag, (model, opts) in builds.items():
+        kcompile(model, tmp_path / tag, name=f"llvm_{tag}", targets="kernel", **opts)
+        ko = kernel.build_module(tmp_path / tag / "kernel", llvm=True)  # raises on a warning
+        comment = subprocess.run(["readelf", "-p", ".comment", ko], capture_output=True,
+                                 text=True).stdout
+        assert "clang" in comment and "GCC" not in comment, (tag, comment)
