@@ -1,0 +1,264 @@
+"""kmlc's I/O admission worked example, end to end, in one command:
+
+    .venv/bin/python examples/admission/run.py            # 3-4 minutes on 2 cores
+    .venv/bin/python examples/admission/run.py --quick    # a small run (CI)
+
+1. traces: synthetic replicated-SSD traces (traces.py), training seeds
+   1000.., evaluation seeds 0..N-1 (disjoint);
+2. data: the baseline on the training traces, the features as the hook
+   computes them (kmlc.features), Heimdall's period-based labels with
+   3-stage noise filtering (labeling.py);
+3. models: Heimdall's 11 -> 128 -> 16 -> 1 and a LinnOS-like 31 -> 256 -> 2,
+   trained with PyTorch on the first half of each stream, tested on the
+   second (train.py); exported to ONNX;
+4. kmlc: ``kmlc compile heimdall.onnx --numerics fixed --calibration
+   <training rows> --hooks admission``, ``kmlc verify --numerics fixed``,
+   ``kmlc build`` when kernel headers are installed; the LinnOS model
+   compiled float for the simulator;
+5. evaluation: every policy on every evaluation seed in a closed-loop
+   simulator (sim.py), the learned policy being the compiled hook's own
+   features and decisions (evaluate.py);
+6. results: OUT/results.json, OUT/results.md, OUT/latency.png and the two
+   models' .onnx (OUT defaults to examples/admission/results/).
+
+Same seeds, same numbers: everything is seeded and single-threaded.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE.parent))
+
+import numpy as np  # noqa: E402
+
+from admission import evaluate, traces, train  # noqa: E402
+
+TRAIN_SEEDS = 1000
+
+
+def fail(msg: str) -> None:
+    print(f"run.py: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def kmlc(*args) -> str:
+    exe = Path(sys.executable).parent / "kmlc"
+    res = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True)
+    if res.returncode:
+        last = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or ["(no output)"]
+        fail(f"kmlc {args[0]} failed: {last[0]}")
+    return res.stdout.strip()
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):            # one line, no usage dump
+        fail(message)
+
+
+def rel(text: str) -> str:
+    """Paths in the repository relative to its root (results do not depend
+    on where the clone is)."""
+    return text.replace(str(ROOT) + "/", "")
+
+
+def parse_args(argv):
+    p = Parser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="small run: 2 training seeds, 4 evaluation seeds, 1 s traces")
+    p.add_argument("--seeds", type=int, help="evaluation seeds (default 50; --quick: 4)")
+    p.add_argument("--out", type=Path, default=HERE / "results",
+                   help="results directory (default: examples/admission/results)")
+    p.add_argument("--build", type=Path, help="where kmlc writes the compiled models "
+                   "(default: OUT/../build, or OUT/build for --out)")
+    p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    a = p.parse_args(argv)
+    if a.seeds is not None and a.seeds < 2:
+        p.error("--seeds must be at least 2")
+    if a.jobs < 1:
+        p.error("--jobs must be at least 1")
+    return a
+
+
+def settings(quick: bool, seeds: int | None) -> dict:
+    if quick:
+        short = traces.Config(duration_s=1.0)
+        return {"train_seeds": 2, "eval_seeds": seeds or 4, "epochs": 8, "verify_rows": 1000,
+                "train_cfg": short, "eval_cfg": short}
+    return {"train_seeds": 8, "eval_seeds": seeds or 50, "epochs": 12, "verify_rows": 5000,
+            "train_cfg": traces.Config(duration_s=2.0), "eval_cfg": traces.Config(duration_s=2.0)}
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    osname = platform.system()
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                osname = line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    return f"{osname}, kernel {platform.release()}, {cpu}, {os.cpu_count()} cores"
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    for mod in ("torch", "matplotlib"):
+        if importlib.util.find_spec(mod) is None:
+            fail(f"needs {mod} in this Python ({sys.executable} -m pip install {mod})")
+    from kmlc import features
+
+    S = settings(a.quick, a.seeds)
+    out = a.out.resolve()
+    build = (a.build or (HERE / "build" if out == HERE / "results" else out / "build")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    build.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    timing = {}
+
+    def stage(name, t0):
+        timing[name] = round(time.perf_counter() - t0, 1)
+        print(f"[{timing[name]:6.1f} s] {name}", flush=True)
+
+    # 1-2. training data
+    t0 = time.perf_counter()
+    seeds = range(TRAIN_SEEDS, TRAIN_SEEDS + S["train_seeds"])
+    heim, lin, blk, dstats = train.collect(seeds, S["train_cfg"])
+    stage("training data (baseline on the training traces, labels)", t0)
+
+    # 3. models
+    t0 = time.perf_counter()
+    hmodel = train.train_heimdall(heim, epochs=S["epochs"])
+    # diagnostic: the same model trained on the device state instead of the labels
+    truth = train.Data(heim.x, heim.gc.astype(np.int64), np.ones(len(heim.gc), bool), heim.train)
+    gmodel = train.train_heimdall(truth, epochs=S["epochs"])
+    lmodels = {"linnos": train.train_linnos(lin), "linnos_block": train.train_linnos(blk)}
+    test = ~heim.train
+    p = train.predict(hmodel, heim.x[test])[:, 0]
+    acc = {"heimdall_all": train.metrics(heim.y[test], p, p >= 0.5),
+           "heimdall_filtered": train.metrics(heim.y[test & heim.keep], p[heim.keep[test]],
+                                              p[heim.keep[test]] >= 0.5)}
+    pg = train.predict(gmodel, heim.x[test])[:, 0]
+    acc["heimdall_gc_vs_gc"] = train.metrics(heim.gc[test], pg, pg >= 0.5)
+    acc["heimdall_vs_gc"] = train.metrics(heim.gc[test], p, p >= 0.5)
+    for name, d in (("linnos", lin), ("linnos_block", blk)):
+        o = train.predict(lmodels[name], d.x[~d.train])
+        acc[name] = train.metrics(d.y[~d.train], o[:, 1] - o[:, 0], o[:, 1] > o[:, 0])
+        # the same reads in the same order: LinnOS's predictions against the period labels
+        acc[name + "_vs_period_labels"] = train.metrics(heim.y[test], o[:, 1] - o[:, 0],
+                                                        o[:, 1] > o[:, 0])
+    onnx = {"heimdall": out / "heimdall.onnx", "linnos": out / "linnos.onnx",
+            "linnos_block": out / "linnos_block.onnx", "heimdall_gc": build / "heimdall_gc.onnx"}
+    train.export(hmodel, 11, onnx["heimdall"])
+    train.export(gmodel, 11, onnx["heimdall_gc"])
+    for name, m in lmodels.items():
+        train.export(m, 31, onnx[name])
+    stage("models trained and exported", t0)
+
+    # 4. kmlc
+    t0 = time.perf_counter()
+    cal = build / "calibration.npy"
+    held = build / "heldout.npy"
+    np.save(cal, heim.x[heim.train].astype(np.float32))
+    # kmlc verify runs the reference evaluator row by row: 5,000 evenly spaced rows
+    xt = heim.x[test]
+    pick = np.linspace(0, len(xt) - 1, min(S["verify_rows"], len(xt))).astype(int)
+    np.save(held, xt[pick].astype(np.float32))
+    dirs = {k: build / k for k in onnx}
+    hdir = dirs["heimdall"]
+    compile_cmd = ["compile", onnx["heimdall"], "-o", hdir, "--numerics", "fixed",
+                   "--calibration", cal, "--hooks", "admission"]
+    compiled = kmlc(*compile_cmd)
+    kmlc("compile", onnx["heimdall_gc"], "-o", dirs["heimdall_gc"], "--target", "kernel",
+         "--target", "user", "--numerics", "fixed", "--calibration", cal, "--hooks", "admission")
+    for name in lmodels:
+        kmlc("compile", onnx[name], "-o", dirs[name], "--target", "user")
+    verify_text = kmlc("verify", onnx["heimdall"], "--numerics", "fixed", "--calibration", cal,
+                       "--data", held)
+    try:
+        from kmlc.targets.kernel import find_kdir
+        find_kdir()
+        built = kmlc("build", hdir)
+    except Exception as e:            # no kernel headers: the module is not built
+        built = f"not built ({str(e).splitlines()[0]})"
+    # the hook's own decision on the held-out reads (features recomputed with
+    # the hook's fraction bits from the same events) vs the float model
+    import kmlc as kmlc_api
+    twin = kmlc_api.load(hdir)
+    raw = np.concatenate([features.admission(ev, frac=twin.hook_frac).raw[~half]
+                          for ev, half in zip(heim.events, heim.halves)])
+    hook_dec = twin.decide(raw)
+    agree = int((hook_dec == (p >= 0.5)).sum())
+    acc["hook_vs_float"] = {"agree": agree, "rows": int(len(p)),
+                            "percent": round(100.0 * agree / len(p), 3)}
+    acc["hook"] = train.metrics(heim.y[test], p, hook_dec)
+    stage("kmlc compile, verify, build", t0)
+
+    # 5. evaluation
+    t0 = time.perf_counter()
+    eval_seeds = list(range(S["eval_seeds"]))
+    if a.jobs > 1:
+        with ProcessPoolExecutor(a.jobs, mp_context=get_context("spawn")) as ex:
+            per_seed = list(ex.map(evaluate.run_seed, eval_seeds,
+                                   [S["eval_cfg"]] * len(eval_seeds), [dirs] * len(eval_seeds)))
+    else:
+        per_seed = [evaluate.run_seed(s, S["eval_cfg"], dirs) for s in eval_seeds]
+    agg = evaluate.aggregate(per_seed)
+    stage(f"evaluation: {len(eval_seeds)} seeds x {len(evaluate.POLICIES)} policies", t0)
+    ablation = None
+    if not a.quick:
+        t0 = time.perf_counter()
+        ablation = evaluate.probe_ablation(seeds, S["train_cfg"], dirs)
+        stage("probe_every ablation on the training traces", t0)
+
+    # 6. results
+    from admission import report
+
+    results = evaluate.rounded({
+        "command": " ".join(["python", "examples/admission/run.py", *(argv or sys.argv[1:])]),
+        "settings": {"train_seeds": list(seeds), "eval_seeds": [eval_seeds[0], eval_seeds[-1]],
+                     "epochs": S["epochs"], "train_cfg": vars(S["train_cfg"]),
+                     "eval_cfg": vars(S["eval_cfg"])},
+        "training_data": dstats,
+        "accuracy": acc,
+        "kmlc": {"compile": rel("kmlc " + " ".join(str(x) for x in compile_cmd)),
+                 "compiled": rel(compiled), "built": rel(built), "verify": rel(verify_text),
+                 "hook_frac": twin.hook_frac.tolist()},
+        "policies": agg,
+        "probe_every_on_training_traces": ablation,
+        "seeds": [{"trace": r["trace"][0], **{k: r[k][0] for k in evaluate.POLICIES}}
+                  for r in per_seed],
+    }, 5)
+    report.plot(per_seed, agg, out / "latency.png")
+    timing["total"] = round(time.perf_counter() - t_start, 1)
+    run_info = {"machine": machine(), "timing_s": timing}
+    (out / "results.json").write_text(json.dumps({**results, "run": run_info}, indent=1) + "\n")
+    (out / "results.md").write_text(report.markdown(results, run_info))
+    print(report.table(results))
+    print(f"total {timing['total']} s; results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except OSError as e:                 # e.g. an --out that cannot be written
+        fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))

@@ -1,0 +1,279 @@
+"""examples/admission: the simulator against hand-computed cases, Heimdall's
+labeling on a hand-made sequence, the simulated hook against the compiled
+module's own replay, and the quick pipeline end to end (reproducible)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "admission"
+sys.path.insert(0, str(EXAMPLE.parent))
+
+from admission import labeling, sim, traces  # noqa: E402
+
+US = 1000
+
+
+def hand_trace(rows, units=1, normal=None, gc=((), (), ()), rho=(), u=None):
+    """A trace from rows (t us, client, write, size); ``normal[d][i]``:
+    service times in us; GC episodes (starts us, ends us, hit
+    probabilities), per-1-ms-bin rho, per-I/O uniforms (both replicas)."""
+    t, client, write, size = (list(x) for x in zip(*rows))
+    n = len(t)
+    cfg = traces.Config(units=units)
+    u = u or [[0.99] * 4] * n
+    devs = [traces.Device([s * US for s in gc[0]], [e * US for e in gc[1]], list(gc[2]),
+                          list(rho), [int(x * US) for x in normal[d]], u) for d in (0, 1)]
+    return traces.Trace(0, cfg, [x * US for x in t], client, write, size, devs)
+
+
+def us(res):
+    return (res.latency_ns / US).tolist()
+
+
+# ---- the simulator ------------------------------------------------------------------
+
+def test_fifo_servers_hand_computed():
+    # 2 servers, 100 us each: starts 0, 10, 100, 110, 500
+    tr = hand_trace([(0, 0, 0, 4096), (10, 0, 0, 4096), (20, 0, 0, 4096), (30, 0, 0, 4096),
+                     (500, 0, 0, 4096)], units=2, normal=[[100] * 5, [7] * 5])
+    assert us(sim.simulate(tr, sim.Policy())) == [100, 100, 180, 180, 100]
+
+
+def test_writes_occupy_both_replicas():
+    tr = hand_trace([(0, 0, 1, 4096), (10, 0, 0, 4096), (20, 1, 0, 4096)], units=1,
+                    normal=[[50, 100, 100], [50, 100, 100]])
+    res = sim.simulate(tr, sim.Policy())
+    assert us(res) == [140, 130]            # both wait for the write until 50
+    assert res.client.tolist() == [0, 1] and not res.rerouted.any()
+
+
+def test_service_gc_and_program_waits():
+    cfg = traces.Config()
+    u = [[0.4, 0.5, 0.95, 0.5], [0.4, 0.5, 0.1, 0.5], [0.6, 0.5, 0.95, 0.5],
+         [0.0, 0.5, 0.0, 0.5]]
+    tr = hand_trace([(0, 0, 0, 4096), (0, 0, 0, 4096), (0, 0, 0, 4096), (0, 0, 1, 4096)],
+                    normal=[[80] * 4, [80] * 4], gc=((1000,), (2000,), (0.5,)),
+                    rho=[0.0, 0.9, 0.0], u=u)
+    erase, prog = cfg.t_erase_us * US // 2, cfg.t_prog_us * US // 2
+    assert tr.gc_episode(0, 999 * US) == -1 and tr.gc_episode(0, 1000 * US) == 0
+    assert tr.gc_episode(0, 2000 * US) == -1
+    # in GC (hit: u0 0.4 < 0.5) and in a busy program bin (rho 0.9; u2 0.95 misses)
+    assert tr.service(0, 0, 1500 * US) == 80 * US + erase
+    assert tr.service(0, 1, 1500 * US) == 80 * US + erase + prog   # u2 0.1 < 0.9
+    assert tr.service(0, 2, 1500 * US) == 80 * US                  # u0 0.6 misses GC
+    assert tr.service(0, 0, 500 * US) == 80 * US                   # before the episode
+    assert tr.service(0, 3, 1500 * US) == 80 * US                  # writes never wait
+
+
+def test_hedging_hand_computed():
+    # read 0 takes 1000 us on its primary; after 200 us a copy goes to replica 1
+    # (100 us) and wins at 300; read 1 on replica 1 waits for that copy
+    tr = hand_trace([(0, 0, 0, 4096), (250, 1, 0, 4096), (1500, 0, 0, 4096)], units=1,
+                    normal=[[1000, 100, 100], [100, 100, 100]])
+    res = sim.simulate(tr, sim.Hedging([200 * US, 200 * US]))
+    assert us(res) == [300, 150, 100]
+    assert res.hedged.tolist() == [True, False, False] and not res.rerouted.any()
+
+
+def test_c3_ranking_hand_computed():
+    c3 = sim.C3()
+    assert c3.route(0, 0, 0) == (0, 0)              # no feedback: ties go to the primary
+    c3.completed(0, 0, sim.FIRST, 0, 50_000, 100_000, 0, 3)
+    # psi = R - s + (1 + os * 2 + q)^3 * s = 100000 - 50000 + 4^3 * 50000
+    assert c3.score(0, 0) == 3_250_000
+    assert c3.route(0, 1, 0) == (1, 0)              # the replica has no feedback yet
+    c3.completed(1, 1, sim.FIRST, 0, 40_000, 80_000, 0, 0)
+    c3.os[0][1] = 1
+    assert c3.score(0, 1) == 40_000 + 3 ** 3 * 40_000
+    c3.completed(0, 2, sim.FIRST, 0, 100_000, 200_000, 0, 1)
+    assert c3.fb[0][0] == pytest.approx((190_000, 95_000, 1.2))     # EWMA, 0.9 on the new
+    c3.completed(0, 3, sim.WRITE, 0, 1, 2, None, 9)                 # writes are no feedback
+    assert c3.fb[0][0] == pytest.approx((190_000, 95_000, 1.2))
+
+
+def test_random_is_seeded_and_fair():
+    a, b = sim.Random(5, 10000), sim.Random(5, 10000)
+    picks = [a.route(0, i, 0)[0] for i in range(10000)]
+    assert picks == [b.route(0, i, 0)[0] for i in range(10000)]
+    assert 0.48 < np.mean(picks) < 0.52
+
+
+def test_linnos_digits_and_view():
+    row = sim.linnos_digits([1, 22, 333, 4444], 7, [5, 60, 7000, 123456])
+    assert row == [0, 0, 1, 0, 2, 2, 3, 3, 3, 9, 9, 9, 0, 0, 7,
+                   0, 0, 0, 5, 0, 0, 6, 0, 7, 0, 0, 0, 9, 9, 9, 9]
+    v = sim.LinnOSView()
+    assert v.read(8192, 0)[12:15] == [0, 0, 2]       # pending pages include this read
+    assert v.admitted(8192) == 2 and v.admitted(4097) == 4
+    v.complete(2, 0, 150_000, 8192)
+    assert v.pend == 2 and v.hist[-1] == (2, 150)
+
+
+def test_hook_bookkeeping_hand_computed():
+    from kmlc.features import ADMIT_FRAC
+
+    # three overlapping reads on 4 servers, 100 us each, always admitted
+    tr = hand_trace([(0, 0, 0, 4096), (1, 0, 0, 8192), (2, 0, 0, 4096)], units=4,
+                    normal=[[100] * 3, [100] * 3])
+    pol = sim.heimdall(tr.size, lambda f: 0, ADMIT_FRAC, trace=True)
+    sim.simulate(tr, pol)
+    assert pol.hooks[0].events == [(0, 4096, 0, 0), (0, 8192, 1, 0), (0, 4096, 2, 0),
+                                   (1, 0, 100_000, 4096), (1, 1, 100_000, 8192),
+                                   (1, 2, 100_000, 4096)]
+    assert pol.hooks[0].inflight == 0 and pol.hooks[1].events == []
+    # always decline, probe every 4th decline: reads 4 and 8 go to the primary
+    hook = sim.AdmissionHook(sim.HeimdallView(ADMIT_FRAC), lambda f: 1, probe_every=4)
+    went = [hook.map(4096)[0] for _ in range(10)]
+    assert went == [True, True, True, False, True, True, True, False, True, True]
+    assert (hook.declined, hook.probes, hook.to_replica, hook.inflight) == (10, 2, 8, 2)
+
+
+def test_simulation_is_closed_loop_and_deterministic():
+    cfg = traces.Config(duration_s=0.3, units=2)       # 2 servers: reads queue
+    tr = traces.generate(7, cfg)
+    a, b = sim.simulate(tr, sim.Policy()), sim.simulate(traces.generate(7, cfg), sim.Policy())
+    assert np.array_equal(a.latency_ns, b.latency_ns)
+    r = sim.simulate(tr, sim.Random(7, len(a.latency_ns)))
+    # rerouting moves load: reads kept on their primary see other latencies too
+    kept = ~r.rerouted
+    assert not np.array_equal(r.latency_ns[kept], a.latency_ns[kept])
+    assert sim.simulate(tr, sim.Random(7, len(a.latency_ns))).latency_ns.tolist() == \
+        r.latency_ns.tolist()
+
+
+# ---- labeling -----------------------------------------------------------------------
+
+def test_tangent_ip_hand_computed():
+    ip, pct = labeling.tangent_ip([10.0] * 90 + [1000.0] * 10)
+    # scaled: 0.01 (90%) and 1; ECDF(x) - x peaks at the first grid point >= 0.01
+    assert ip == 10 and pct == pytest.approx(0.9 * 97)
+
+
+def test_period_labels_hand_made():
+    # (latency us, throughput B/us); thresholds: latency IP 100, throughput IP 50,
+    # median latency 60, median throughput 60
+    seq = [(50, 100), (200, 20), (200, 20), (50, 100), (200, 20), (200, 20), (50, 100),
+           (50, 100), (50, 60), (150, 40), (50, 100), (200, 20), (200, 20), (50, 100),
+           (50, 100), (50, 100), (50, 100)]
+    lat = [a for a, _ in seq]
+    size = [a * b for a, b in seq]
+    y, keep = labeling.period_labels(lat, size, limits=(100, 50, 60, 60))
+    # read 1 starts a period (drop 100/20.1 >= 1.7); read 6 starts 3 fast reads and
+    # ends it; read 11 starts another, read 13 ends it
+    assert np.flatnonzero(y).tolist() == [1, 2, 3, 4, 5, 11, 12]
+    # noise: 3 is fast inside a period (stage 1); 9 is slow outside one and no
+    # start (drop 60/40.1 < 1.7) (stage 2); 11-12 is a run of 2 (stage 3); the
+    # run 1-5 keeps 4 reads after stage 1, so it stays
+    assert np.flatnonzero(~keep).tolist() == [3, 9, 11, 12]
+
+
+def test_cutoff_labels():
+    # IP at 20 us, at the 87.3th percentile; the cutoff is the latency there,
+    # and a read at the cutoff is slow (LinnOS's training script: fast if < cutoff)
+    lat = [10.0] * 50 + [20.0] * 40 + [1000.0] * 10
+    assert labeling.tangent_ip(lat) == (20.0, pytest.approx(87.3))
+    y, cut = labeling.cutoff_labels(lat)
+    assert cut == 20.0 and y.tolist() == [0] * 50 + [1] * 50
+
+
+# ---- the simulated hook is the module ---------------------------------------------------
+
+def test_learned_policy_is_the_modules_decisions(tmp_path):
+    """The checked-in model compiles with --hooks admission; in the simulator
+    its features and decisions equal the compiled twin's replay of the same
+    events (the module's own feature and decision code)."""
+    from conftest import kmlc_cli
+    import kmlc
+    from kmlc import features
+
+    cfg = traces.Config(duration_s=0.5)
+    tr = traces.generate(3, cfg)
+    rec = sim.heimdall(tr.size, lambda f: 0, features.ADMIT_FRAC, trace=True)
+    sim.simulate(tr, rec)
+    cal = np.concatenate([features.admission(np.array(h.events)).values for h in rec.hooks])
+    np.save(tmp_path / "cal.npy", cal.astype(np.float32))
+    res = kmlc_cli("compile", EXAMPLE / "results" / "heimdall.onnx", "-o", tmp_path / "out",
+                   "--numerics", "fixed", "--calibration", tmp_path / "cal.npy",
+                   "--hooks", "admission")
+    assert res.returncode == 0, res.stderr
+    twin = kmlc.load(tmp_path / "out")
+    pol = sim.heimdall(tr.size, lambda f: twin.decide(f)[0], twin.hook_frac, trace=True)
+    out = sim.simulate(tr, pol)
+    for c, hook in enumerate(pol.hooks):
+        ev = np.array(hook.events, np.int64)
+        feats, dec = twin.admit_replay(ev)
+        assert np.array_equal(feats, features.admission(ev, frac=twin.hook_frac).raw)
+        assert dec.tolist() == hook.decisions
+        assert hook.to_replica == hook.declined - hook.probes
+        assert out.rerouted[out.client == c].sum() == hook.to_replica
+    declined = sum(h.declined for h in pol.hooks)
+    assert 0 < declined < len(out.latency_ns)
+
+
+# ---- the pipeline -----------------------------------------------------------------------
+
+def run_example(*args):
+    return subprocess.run([sys.executable, str(EXAMPLE / "run.py"), *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def test_bad_arguments_one_line():
+    for args in (["--seeds", "1"], ["--jobs", "0"], ["--bogus"], ["--out", "/proc/nope"]):
+        res = run_example(*args)
+        assert res.returncode != 0
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert "Traceback" not in res.stderr
+
+
+@pytest.mark.torch
+def test_quick_pipeline_is_reproducible(tmp_path):
+    """One command runs the whole pipeline; retraining and re-simulating
+    with the same seeds gives the same model and the same numbers."""
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    import onnx
+    from onnx import numpy_helper
+
+    from admission import evaluate, train
+
+    out = tmp_path / "q"
+    res = run_example("--quick", "--out", out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for f in ("results.json", "results.md", "latency.png", "heimdall.onnx", "linnos.onnx"):
+        assert (out / f).is_file(), f
+    r = json.loads((out / "results.json").read_text())
+    assert set(r["policies"]) == set(evaluate.POLICIES)
+    assert len(r["seeds"]) == 4
+    assert r["accuracy"]["hook_vs_float"]["percent"] >= 99.0
+    assert "| **learned**" in (out / "results.md").read_text()
+
+    # same training seeds -> the same weights
+    heim, *_ = train.collect(range(1000, 1002), traces.Config(duration_s=1.0))
+    model = train.train_heimdall(heim, epochs=8)
+    train.export(model, 11, tmp_path / "again.onnx")
+
+    def weights(p):
+        return {i.name: numpy_helper.to_array(i) for i in onnx.load(p).graph.initializer}
+    w1, w2 = weights(out / "heimdall.onnx"), weights(tmp_path / "again.onnx")
+    assert w1.keys() == w2.keys()
+    assert all(np.array_equal(w1[k], w2[k]) for k in w1)
+
+    # same evaluation seed -> the same numbers
+    dirs = {k: out / "build" / k for k in ("heimdall", "heimdall_gc", "linnos", "linnos_block")}
+    again = evaluate.run_seed(1, traces.Config(duration_s=1.0), dirs)
+    for name in evaluate.POLICIES:
+        assert evaluate.rounded(again[name][0], 5) == r["seeds"][1][name], name
+
+
+def test_readme_shows_the_checked_in_results():
+    results = (EXAMPLE / "results" / "results.md").read_text()
+    readme = (EXAMPLE / "README.md").read_text()
+    table = [line for line in results.splitlines() if line.startswith("|")]
+    assert table and all(line in readme for line in table[:10])
+    assert json.loads((EXAMPLE / "results" / "results.json").read_text())["settings"][
+        "eval_seeds"] == [0, 49]
