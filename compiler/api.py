@@ -75,7 +75,7 @@ def golden_inputs(in_elems: int, count: int, seed: int, data: np.ndarray | None)
     return rows.astype(np.float32)
 
 
-HOOKS = ("admission", "readahead")
+HOOKS = ("admission", "readahead", "nfs-rsize")
 
 
 def check_hooks(prog: Program, hooks, targets) -> list[str]:
@@ -103,6 +103,12 @@ def check_hooks(prog: Program, hooks, targets) -> list[str]:
         if prog.in_elems != 5 or prog.out_elems != 4 or len(prog.outputs) != 1 \
                 or prog.outputs[0].type.dtype.name == "i64":
             raise KmlcError(f"the readahead hook feeds KML's 5 features and reads 4 class "
+                            f"scores; this model takes {prog.in_elems} and gives "
+                            f"{prog.out_elems}")
+    if "nfs-rsize" in out:
+        if prog.in_elems != 8 or prog.out_elems != 4 or len(prog.outputs) != 1 \
+                or prog.outputs[0].type.dtype.name == "i64":
+            raise KmlcError(f"the nfs-rsize hook feeds KML's 8 NFS features and reads 4 class "
                             f"scores; this model takes {prog.in_elems} and gives "
                             f"{prog.out_elems}")
     if len(out) > 1:

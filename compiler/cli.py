@@ -108,7 +108,8 @@ _INPUT_SHAPE = click.option(
 @click.option("--input-frac-bits", help="Fixed point: fraction bits of the int32 inputs, one "
               "value or one per input element (default: chosen from the calibration range).")
 @click.option("--hooks", multiple=True, help="Kernel hooks to generate: admission "
-              "(a device-mapper target).")
+              "(a device-mapper target), readahead (per-file readahead), nfs-rsize "
+              "(per-mount NFS rsize); see docs/hooks.md.")
 @click.option("--print-after-all", is_flag=True, help="Print the IR after every pass (stderr).")
 @click.option("--golden-data", type=click.Path(dir_okay=False),
               help="Rows (N, in_elems) .npy to use as KUnit golden inputs.")

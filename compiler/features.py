@@ -14,9 +14,11 @@ The default fraction bits are the ones the hooks use for float models.
     >>> w = kmlc.features.readahead(events)           # rows {t_ns, file, page, ra_pages}
     >>> w.values, w.closed_by                          # (W, 5) features, closing event
     >>> kmlc.features.admission(events).values         # rows {kind, a, b, c}
+    >>> kmlc.features.nfs(events).values               # rows {t_ns, kind, mount, a, rsize}
 
 Simulators whose decisions feed back into later events use the streams,
-one event at a time: ``ReadaheadStream`` and ``AdmissionStream``.  With
+one event at a time: ``ReadaheadStream``, ``AdmissionStream`` and
+``NfsStream`` (with ``NfsRsize``, the NFS hook's vote and clamps).  With
 ``frac=twin.hook_frac``, their features go straight into
 ``twin.decide()``, the module's own decision code.
 """
@@ -33,6 +35,8 @@ from .errors import KmlcError
 
 RA_FEATURES = 5
 ADMIT_FEATURES = 11
+NFS_FEATURES = 8
+NFS_KINDS = {"read": 0, "done": 1, "page": 2, "reclaim": 3}
 # Admission: integer features exact; throughput (B/us) with 8 fraction bits.
 ADMIT_FRAC = (0,) * 8 + (8,) * 3
 
@@ -88,6 +92,12 @@ def library() -> ctypes.CDLL:
     lib.kml_ra_step.argtypes = [p, s64, s64, u32, u32, u64, p, p]
     lib.kml_admit_step_complete.argtypes = [p, u32, u64, u64]
     lib.kml_admit_step_read.argtypes = [p, u64, u32, p, p]
+    lib.kml_nfs_extract.argtypes = [p, ul, u64, p, p, p]
+    lib.kml_nfs_extract.restype = ctypes.c_long
+    lib.kml_nfs_step_event.argtypes = [p, p, u32, s64, s64, u32, u64, p, p]
+    lib.kml_nfs_step_reclaim.argtypes = [p, u64]
+    lib.kml_nfs_step_decide.argtypes = [p, u32, u32, u32]
+    lib.kml_nfs_step_decide.restype = u32
     _lib = lib
     return lib
 
@@ -98,12 +108,18 @@ def ra_float_frac() -> np.ndarray:
                                                                       "kml_ra_float_frac")).copy()
 
 
-def _events(events, what: str) -> np.ndarray:
+def nfs_float_frac() -> np.ndarray:
+    """The fraction bits the NFS rsize hook uses for a float model."""
+    return np.ctypeslib.as_array((ctypes.c_uint8 * NFS_FEATURES).in_dll(library(),
+                                                                       "kml_nfs_float_frac")).copy()
+
+
+def _events(events, what: str, cols: int = 4) -> np.ndarray:
     ev = np.asarray(events)
     if ev.size == 0:
-        return np.zeros((0, 4), dtype=np.int64)
-    if ev.ndim != 2 or ev.shape[1] != 4:
-        raise KmlcError(f"{what} events must be rows of 4 integers; got shape {ev.shape}")
+        return np.zeros((0, cols), dtype=np.int64)
+    if ev.ndim != 2 or ev.shape[1] != cols:
+        raise KmlcError(f"{what} events must be rows of {cols} integers; got shape {ev.shape}")
     if not np.issubdtype(ev.dtype, np.integer):
         raise KmlcError(f"{what} events must be integers; got dtype {ev.dtype}")
     return np.ascontiguousarray(ev, dtype=np.int64)
@@ -161,6 +177,31 @@ def admission(events, *, frac=ADMIT_FRAC) -> Features:
     return Features(raw[:n], f)
 
 
+def nfs(events, *, window_ms: float = 1000.0, frac=None) -> Features:
+    """KML's eight NFS rsize features per mount window, as the nfs-rsize
+    hook computes them (docs/hooks.md).  ``events``: rows {time ns, kind,
+    mount id, a, rsize} in time order; kind 0 an NFS READ sent (a: file
+    offset in bytes), 1 a READ done (a: ns since its send, -1 if unknown),
+    2 a page added to the page cache of one of the mount's files (a: page
+    index), 3 a reclaim scan anywhere in the system (a: pages reclaimed;
+    mount ignored); rsize: the mount's rsize at that moment.
+    ``window_ms`` is the hook's module parameter of the same name."""
+    ev = _events(events, "NFS", cols=5)
+    if window_ms <= 0:
+        raise KmlcError(f"NFS windows need window_ms > 0; got {window_ms}")
+    if not np.isin(ev[:, 1], list(NFS_KINDS.values())).all():
+        raise KmlcError("NFS events have kind 0 (read), 1 (done), 2 (page) or 3 (reclaim)")
+    if len(ev) > 1 and np.any(np.diff(ev[:, 0]) < 0):
+        raise KmlcError("NFS events must be in time order")
+    f = _frac(nfs_float_frac() if frac is None else frac, NFS_FEATURES)
+    raw = np.zeros((len(ev), NFS_FEATURES), dtype=np.int32)
+    closed = np.zeros(len(ev), dtype=np.int64)
+    n = _check(library().kml_nfs_extract(ev.ctypes.data, len(ev), int(window_ms * 1e6),
+                                         f.ctypes.data, raw.ctypes.data, closed.ctypes.data),
+               "NFS")
+    return Features(raw[:n], f, closed[:n])
+
+
 def _size(symbol: str) -> int:
     return ctypes.c_ulong.in_dll(library(), symbol).value
 
@@ -212,3 +253,52 @@ class AdmissionStream:
         self._lib.kml_admit_step_read(self._state, size, inflight, self.frac.ctypes.data,
                                       self._out.ctypes.data)
         return self._out.copy()
+
+
+class NfsStream:
+    """The NFS rsize hook's windows, one event at a time: ``event()``
+    returns the encoded features of the window the event closes, else None;
+    ``reclaim()`` records a reclaim scan (it counts in every mount's
+    window)."""
+
+    def __init__(self, *, window_ms: float = 1000.0, frac=None):
+        if window_ms <= 0:
+            raise KmlcError(f"NFS windows need window_ms > 0; got {window_ms}")
+        self.frac = _frac(nfs_float_frac() if frac is None else frac, NFS_FEATURES)
+        self.window_ns = int(window_ms * 1e6)
+        self._lib = library()
+        self._reclaim = ctypes.create_string_buffer(_size("kml_nfs_reclaim_size"))
+        self._mounts: dict[int, ctypes.Array] = {}
+        self._out = np.zeros(NFS_FEATURES, dtype=np.int32)
+
+    def event(self, t_ns: int, kind: int, mount: int, a: int, rsize: int) -> np.ndarray | None:
+        """A read (kind 0, a: offset), done (1, a: latency ns or -1) or page
+        add (2, a: index) of ``mount`` at ``t_ns``, its rsize being ``rsize``."""
+        if kind not in (0, 1, 2):
+            raise KmlcError(f"NfsStream.event takes kinds 0, 1 and 2; got {kind} "
+                            "(reclaim scans go to reclaim())")
+        st = self._mounts.get(mount)
+        if st is None:
+            st = self._mounts[mount] = ctypes.create_string_buffer(_size("kml_nfs_window_size"))
+        if self._lib.kml_nfs_step_event(st, self._reclaim, kind, t_ns, a, rsize, self.window_ns,
+                                        self.frac.ctypes.data, self._out.ctypes.data):
+            return self._out.copy()
+        return None
+
+    def reclaim(self, pages: int) -> None:
+        self._lib.kml_nfs_step_reclaim(self._reclaim, pages)
+
+
+class NfsRsize:
+    """What the NFS rsize hook sets for a mount, prediction by prediction:
+    the rsize the class asks for, voted over the last ``vote`` predictions
+    and clamped to a power of two in 4 KiB .. 256 KiB, at most the mount's
+    negotiated rsize (kml_nfs_decide())."""
+
+    def __init__(self, *, vote: int = 1):
+        self.vote = int(vote)
+        self._lib = library()
+        self._votes = ctypes.create_string_buffer(_size("kml_nfs_votes_size"))
+
+    def decide(self, want: int, negotiated: int) -> int:
+        return int(self._lib.kml_nfs_step_decide(self._votes, want, self.vote, negotiated))

@@ -193,4 +193,214 @@ static inline void kml_ra_features(const struct kml_ra_window *w, u32 ra_pages,
 	f[4] = kml_q_div((u64)ra_pages * 8, 1024, frac[4]);	/* sectors / 1024 */
 }
 
+/* ---- KML NFS rsize (brief §2) ------------------------------------------------
+ *
+ * Per NFS mount and window (window_ns; KML: one second), from four kinds of
+ * event: an NFS READ sent (a: its file offset in bytes), a READ done (a:
+ * ns since the matching send, or KML_NFS_NO_LATENCY), a page added to the
+ * page cache of one of the mount's files (a: page index), and a reclaim
+ * scan anywhere in the system (a: pages it reclaimed).  Feature vector, in
+ * this order and these units (examples/models/seed_models.py, NFS_MEAN):
+ *   0 events per second: the mount's reads, dones and page adds, and the
+ *     system's reclaim scans, over the window's length
+ *   1 mean read -> done latency (us)
+ *   2 mean gap between successive reads (us)
+ *   3 mean gap between successive dones (us)
+ *   4 mean |offset difference| between successive reads (4 KiB units)
+ *   5 mean |page index difference| between successive page adds (pages)
+ *   6 mean pages reclaimed per reclaim scan
+ *   7 current rsize / 4096
+ * A mean over fewer events than it needs is 0.  Sums saturate at 2^64 - 1
+ * instead of wrapping; the mean gaps are exact because successive gaps
+ * telescope to (last - first).
+ */
+#define KML_NFS_FEATURES 8
+#define KML_NFS_READ 0
+#define KML_NFS_DONE 1
+#define KML_NFS_PAGE 2
+#define KML_NFS_RECLAIM 3
+#define KML_NFS_NO_LATENCY (~0ULL)	/* a done whose send was not seen */
+#define KML_NFS_NSEC_PER_SEC 1000000000ULL
+
+/* Fraction bits of the features handed to a float model (exact below 2^31). */
+#define KML_NFS_FLOAT_FRAC { 4, 4, 4, 4, 8, 8, 8, 8 }
+
+static inline u64 kml_sat_add(u64 a, u64 b)
+{
+	return a + b < a ? ~0ULL : a + b;
+}
+
+static inline u64 kml_sat_mul(u64 a, u64 b)
+{
+	return b && a > ~0ULL / b ? ~0ULL : a * b;
+}
+
+static inline u64 kml_abs_diff(u64 a, u64 b)
+{
+	return a > b ? a - b : b - a;
+}
+
+/* The system's reclaim scans so far (a window keeps its own start values). */
+struct kml_nfs_reclaim {
+	u64 scans, pages;
+};
+
+static inline void kml_nfs_reclaimed(struct kml_nfs_reclaim *r, u64 pages)
+{
+	r->scans++;
+	r->pages = kml_sat_add(r->pages, pages);
+}
+
+struct kml_nfs_window {
+	u64 t0, n;			/* start (ns); this mount's events in it */
+	u64 scans0, pages0;		/* reclaim totals when it opened */
+	u64 reads, read_first, read_last, off_last, off_diff;
+	u64 dones, done_first, done_last, lat_n, lat_sum;
+	u64 pages, page_last, page_diff;
+};
+
+/* Opens an empty window at time t (ns). */
+static inline void kml_nfs_open(struct kml_nfs_window *w, const struct kml_nfs_reclaim *r,
+				u64 t)
+{
+	*w = (struct kml_nfs_window){ .t0 = t, .scans0 = r->scans, .pages0 = r->pages };
+}
+
+/* Whether an event at time t closes the open window: window_ns have passed. */
+static inline bool kml_nfs_window_closes(const struct kml_nfs_window *w, u64 t, u64 window_ns)
+{
+	return w->n && t >= w->t0 && t - w->t0 >= window_ns;
+}
+
+/* Adds one of the mount's events (not a reclaim scan) at time t. */
+static inline void kml_nfs_add(struct kml_nfs_window *w, unsigned int kind, u64 t, u64 a)
+{
+	if (kind == KML_NFS_READ) {
+		if (w->reads)
+			w->off_diff = kml_sat_add(w->off_diff, kml_abs_diff(a, w->off_last));
+		else
+			w->read_first = t;
+		w->read_last = t;
+		w->off_last = a;
+		w->reads++;
+	} else if (kind == KML_NFS_DONE) {
+		if (!w->dones)
+			w->done_first = t;
+		w->done_last = t;
+		w->dones++;
+		if (a != KML_NFS_NO_LATENCY) {
+			w->lat_sum = kml_sat_add(w->lat_sum, a);
+			w->lat_n++;
+		}
+	} else {
+		if (w->pages)
+			w->page_diff = kml_sat_add(w->page_diff, kml_abs_diff(a, w->page_last));
+		w->page_last = a;
+		w->pages++;
+	}
+	w->n++;
+}
+
+/* The encoded features of the window, closed at time t with the mount's rsize. */
+static inline void kml_nfs_features(const struct kml_nfs_window *w,
+				    const struct kml_nfs_reclaim *r, u64 t, u32 rsize,
+				    const u8 *frac, s32 *f)
+{
+	u64 scans = r->scans - w->scans0, reclaimed = r->pages - w->pages0;
+	u64 events = kml_sat_add(w->n, scans);
+
+	f[0] = kml_q_div(kml_sat_mul(events, KML_NFS_NSEC_PER_SEC), t - w->t0, frac[0]);
+	f[1] = w->lat_n ? kml_q_div(w->lat_sum, kml_sat_mul(w->lat_n, 1000), frac[1]) : 0;
+	f[2] = w->reads > 1 ? kml_q_div(w->read_last - w->read_first,
+					kml_sat_mul(w->reads - 1, 1000), frac[2]) : 0;
+	f[3] = w->dones > 1 ? kml_q_div(w->done_last - w->done_first,
+					kml_sat_mul(w->dones - 1, 1000), frac[3]) : 0;
+	f[4] = w->reads > 1 ? kml_q_div(w->off_diff, kml_sat_mul(w->reads - 1, 4096), frac[4]) : 0;
+	f[5] = w->pages > 1 ? kml_q_div(w->page_diff, w->pages - 1, frac[5]) : 0;
+	f[6] = scans ? kml_q_div(reclaimed, scans, frac[6]) : 0;
+	f[7] = kml_q_div(rsize, 4096, frac[7]);
+}
+
+/*
+ * One event of a mount, as the hook handles it: if the event comes
+ * window_ns or more after the window opened, the window closes first
+ * (without it): its features go to f and the result is true.  Then the
+ * event is added, opening a new window if none is open.
+ */
+static inline bool kml_nfs_step(struct kml_nfs_window *w, const struct kml_nfs_reclaim *r,
+				unsigned int kind, u64 t, u64 a, u32 rsize, u64 window_ns,
+				const u8 *frac, s32 *f)
+{
+	bool closes = kml_nfs_window_closes(w, t, window_ns);
+
+	if (closes)
+		kml_nfs_features(w, r, t, rsize, frac, f);
+	if (closes || !w->n)
+		kml_nfs_open(w, r, t);
+	kml_nfs_add(w, kind, t, a);
+	return closes;
+}
+
+/*
+ * Smoothing: a majority vote over the rsize of the last k predictions (k
+ * clamped to 1..KML_NFS_VOTES; k = 1 is no smoothing).  Classes that ask
+ * for the same rsize vote together; a tie goes to the most recent.
+ */
+#define KML_NFS_VOTES 16
+
+struct kml_nfs_votes {
+	u32 rsize[KML_NFS_VOTES];
+	u32 head, count;		/* newest at rsize[head] */
+};
+
+static inline u32 kml_nfs_vote(struct kml_nfs_votes *v, u32 rsize, u32 k)
+{
+	u32 i, j, m, best = rsize, best_votes = 0;
+
+	v->head = (v->head + 1) % KML_NFS_VOTES;
+	v->rsize[v->head] = rsize;
+	if (v->count < KML_NFS_VOTES)
+		v->count++;
+	k = k < 1 ? 1 : k > KML_NFS_VOTES ? KML_NFS_VOTES : k;
+	m = k < v->count ? k : v->count;
+	for (i = 0; i < m; i++) {		/* newest first */
+		u32 val = v->rsize[(v->head + KML_NFS_VOTES - i) % KML_NFS_VOTES], votes = 0;
+
+		for (j = 0; j < m; j++)
+			votes += v->rsize[(v->head + KML_NFS_VOTES - j) % KML_NFS_VOTES] == val;
+		if (votes > best_votes) {
+			best = val;
+			best_votes = votes;
+		}
+	}
+	return best;
+}
+
+/*
+ * The clamps: the largest power of two in [KML_NFS_RSIZE_MIN,
+ * KML_NFS_RSIZE_MAX] (4 KiB .. 256 KiB, the sizes KML's NFSv4 client
+ * offered) that is at most both the wanted rsize and the rsize the mount
+ * negotiated with its server.  A mount that negotiated less than 4 KiB is
+ * left as it is.
+ */
+#define KML_NFS_RSIZE_MIN 4096U
+#define KML_NFS_RSIZE_MAX 262144U
+
+static inline u32 kml_nfs_clamp(u32 want, u32 negotiated)
+{
+	u32 r = KML_NFS_RSIZE_MAX;
+
+	if (negotiated < KML_NFS_RSIZE_MIN)
+		return negotiated;
+	while (r > KML_NFS_RSIZE_MIN && (r > want || r > negotiated))
+		r >>= 1;
+	return r;
+}
+
+/* A prediction's rsize, smoothed over the last k and clamped: what to set. */
+static inline u32 kml_nfs_decide(struct kml_nfs_votes *v, u32 want, u32 k, u32 negotiated)
+{
+	return kml_nfs_clamp(kml_nfs_vote(v, want, k), negotiated);
+}
+
 #endif /* KML_FEATURES_H */

@@ -13,6 +13,7 @@
 #include "kml_features.h"
 
 const u8 kml_ra_float_frac[KML_RA_FEATURES] = KML_RA_FLOAT_FRAC;
+const u8 kml_nfs_float_frac[KML_NFS_FEATURES] = KML_NFS_FLOAT_FRAC;
 
 struct kml_ra_file {
 	s64 id;
@@ -20,8 +21,16 @@ struct kml_ra_file {
 	struct kml_ra_window w;
 };
 
+struct kml_nfs_mount {
+	s64 id;
+	struct kml_nfs_window w;
+};
+
 const unsigned long kml_ra_file_size = sizeof(struct kml_ra_file);
 const unsigned long kml_admit_state_size = sizeof(struct kml_admit_state);
+const unsigned long kml_nfs_window_size = sizeof(struct kml_nfs_window);
+const unsigned long kml_nfs_reclaim_size = sizeof(struct kml_nfs_reclaim);
+const unsigned long kml_nfs_votes_size = sizeof(struct kml_nfs_votes);
 
 int kml_ra_step(struct kml_ra_file *f, s64 t, s64 page, u32 ra_pages, u32 window_events,
 		u64 window_ns, const u8 *frac, s32 *features);
@@ -31,6 +40,12 @@ void kml_admit_step_complete(struct kml_admit_state *s, u32 qlen, u64 lat_ns, u6
 void kml_admit_step_read(const struct kml_admit_state *s, u64 size, u32 qlen, const u8 *frac,
 			 s32 *features);
 long kml_admit_extract(const s64 *ev, unsigned long n, const u8 *frac, s32 *features);
+int kml_nfs_step_event(struct kml_nfs_window *w, struct kml_nfs_reclaim *r, u32 kind, s64 t,
+		       s64 a, u32 rsize, u64 window_ns, const u8 *frac, s32 *features);
+void kml_nfs_step_reclaim(struct kml_nfs_reclaim *r, u64 pages);
+u32 kml_nfs_step_decide(struct kml_nfs_votes *v, u32 want, u32 k, u32 negotiated);
+long kml_nfs_extract(const s64 *ev, unsigned long n, u64 window_ns, const u8 *frac,
+		     s32 *features, s64 *closed_by);
 
 /*
  * Readahead, one miss at a time, for simulators: f is one file's state
@@ -128,4 +143,80 @@ long kml_admit_extract(const s64 *ev, unsigned long n, const u8 *frac, s32 *feat
 					   features + reads++ * KML_ADMIT_FEATURES);
 	}
 	return (long)reads;
+}
+
+/*
+ * NFS rsize, one event of a mount at a time, for simulators: w is the
+ * mount's window state and r the system's reclaim totals (both zeroed to
+ * start), kind KML_NFS_READ, _DONE or _PAGE, t the time in ns, a the
+ * offset, latency (ns, or -1: unknown) or page index, rsize the mount's
+ * rsize now.  Returns 1 when the event closes a window (its features
+ * written), else 0: exactly the hook's kml_event() without the model.
+ */
+int kml_nfs_step_event(struct kml_nfs_window *w, struct kml_nfs_reclaim *r, u32 kind, s64 t,
+		       s64 a, u32 rsize, u64 window_ns, const u8 *frac, s32 *features)
+{
+	return kml_nfs_step(w, r, kind, (u64)t, (u64)a, rsize, window_ns, frac, features);
+}
+
+/* A reclaim scan anywhere in the system that reclaimed pages. */
+void kml_nfs_step_reclaim(struct kml_nfs_reclaim *r, u64 pages)
+{
+	kml_nfs_reclaimed(r, pages);
+}
+
+/* The rsize the hook sets for a prediction asking want (its vote and clamps). */
+u32 kml_nfs_step_decide(struct kml_nfs_votes *v, u32 want, u32 k, u32 negotiated)
+{
+	return kml_nfs_decide(v, want, k, negotiated);
+}
+
+static int kml_cmp_mount(const void *a, const void *b)
+{
+	s64 x = ((const struct kml_nfs_mount *)a)->id, y = ((const struct kml_nfs_mount *)b)->id;
+
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * NFS rsize: ev holds n rows {time ns, kind, mount id, a, rsize}, in time
+ * order: kind 0 a READ sent (a: offset), 1 a READ done (a: latency ns, -1
+ * unknown), 2 a page added to the mount's page cache (a: index), 3 a
+ * reclaim scan anywhere (a: pages reclaimed; mount ignored); rsize is the
+ * mount's rsize at that moment.  Windows open and close per mount exactly
+ * as in the hook (kml_nfs_step()); a closed window writes its encoded
+ * features and the index of the event that closed it.
+ */
+long kml_nfs_extract(const s64 *ev, unsigned long n, u64 window_ns, const u8 *frac,
+		     s32 *features, s64 *closed_by)
+{
+	struct kml_nfs_mount *mounts, key;
+	struct kml_nfs_reclaim r = { 0, 0 };
+	unsigned long i, nmounts = 0, windows = 0;
+
+	mounts = calloc(n ? n : 1, sizeof(*mounts));
+	if (!mounts)
+		return -ENOMEM;
+	for (i = 0; i < n; i++)		/* one slot per distinct mount id */
+		mounts[i].id = ev[5 * i + 2];
+	qsort(mounts, n, sizeof(*mounts), kml_cmp_mount);
+	for (i = 0; i < n; i++)
+		if (!nmounts || mounts[nmounts - 1].id != mounts[i].id)
+			mounts[nmounts++].id = mounts[i].id;
+	for (i = 0; i < n; i++) {
+		const s64 *e = ev + 5 * i;
+		struct kml_nfs_mount *m;
+
+		if (e[1] == KML_NFS_RECLAIM) {
+			kml_nfs_reclaimed(&r, (u64)e[3]);
+			continue;
+		}
+		key.id = e[2];
+		m = bsearch(&key, mounts, nmounts, sizeof(*mounts), kml_cmp_mount);
+		if (kml_nfs_step(&m->w, &r, (unsigned int)e[1], (u64)e[0], (u64)e[3], (u32)e[4],
+				 window_ns, frac, features + windows * KML_NFS_FEATURES))
+			closed_by[windows++] = (s64)i;
+	}
+	free(mounts);
+	return (long)windows;
 }

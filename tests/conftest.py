@@ -75,6 +75,26 @@ def readahead_policy():
     return m, cal
 
 
+def nfs_policy():
+    """A transparent test policy on KML's NFS features: readseq (rsize
+    256 KiB) while the mean |offset difference| between successive NFS
+    reads of a window is under 1024 x 4 KiB, readrandom (4 KiB) above."""
+    w = np.zeros((4, 8), np.float32)
+    w[0, 4], w[2, 4] = 1 / 1024, -1 / 1024
+    b = np.float32([-1, -100, 1, -100])
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="policy", transB=1)], "nfs",
+        [helper.make_tensor_value_info("x", 1, ["N", 8])],
+        [helper.make_tensor_value_info("y", 1, ["N", 4])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    r = np.random.default_rng(0)
+    hi = [2e5, 1e5, 1e5, 1e5, 65536, 65536, 4096, 256]
+    cal = np.stack([r.uniform(0, h, 3000) for h in hi], 1).astype(np.float32)
+    return m, cal
+
+
 def has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 

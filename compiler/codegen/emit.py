@@ -312,19 +312,21 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
     }
 
 
-HOOK_FILES = {"admission": "admit", "readahead": "ra"}
+HOOK_FILES = {"admission": "admit", "readahead": "ra", "nfs-rsize": "nfs"}
 # KML's readahead per class (readrandom, readrandomwriterandom, readseq,
 # readreverse): 16, 16, 640 and 960 sectors of 512 bytes, in 4 KiB pages.
 RA_PAGES = [2, 2, 80, 120]
+# KML's NFS rsize per class, in bytes (same four classes).
+NFS_RSIZE = [4096, 4096, 262144, 262144]
 
 
 def hook_context(prog: Program) -> dict:
     """What the hook templates print about the model's decision."""
     enc = fixed_interface(prog)
+    ra = {"ra_table": [str(v) for v in RA_PAGES], "rsize_table": [str(v) for v in NFS_RSIZE]}
     if not enc:
-        return {"ra_table": [str(v) for v in RA_PAGES]}
+        return ra
     out = enc["outputs"][0]
-    ra = {"ra_table": [str(v) for v in RA_PAGES]}
     if out.get("q15"):
         return {"decline_at": 16384, "decline_doc": "probability 0.5 in Q0.15", **ra}
     return {"decline_at": out.get("zp", 0), "decline_doc": "the quantized 0 (logit >= 0)", **ra}

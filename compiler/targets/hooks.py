@@ -17,6 +17,16 @@ readahead  two null_blk disks; a sequential reader on one and a random
            reader on the other, one file descriptor each; passes when the
            sequential file ends with more readahead than the random one;
            then 100 unload / reload cycles while both readers run.
+nfs-rsize  an NFSv4.2 server (the kernel's nfsd, exporting a tmpfs) and
+           client in the guest, over loopback; a random then a sequential
+           reader on the mount; passes when the mount's rsize (as
+           /proc/mounts shows it) follows the model: 4 KiB after random
+           reads, 256 KiB after sequential ones, every byte checksummed.
+           Then: detaching restores the negotiated rsize; a module for
+           another mount leaves this one alone; 100 unload / reload cycles
+           while a reader runs; unloading restores the negotiated rsize;
+           nfs.ko loaded after the module is followed, and can be unloaded
+           under it.
 """
 from __future__ import annotations
 
@@ -180,6 +190,152 @@ for d in kmlr0 kmlr1; do echo 0 > $C/$d/power; rmdir $C/$d; done
 """
 
 
+NFS_SERVER = r"""
+# An NFSv4.2 server and client over loopback, once per boot.  Busybox has
+# no rpc.nfsd, mountd or exportfs: start the kernel's nfsd through its
+# control files, and write the export cache entries mountd would: client
+# 127.0.0.1 in domain "kmlc"; /export exported to it with flags
+# 0x2402 = fsid (fsid=0: the NFSv4 root) | no_subtree_check | insecure;
+# the filehandle key of fsid 0.  NFSv4 only (no lockd, no rpcbind); a
+# recovery directory, so that the grace period can be ended at once.
+if [ ! -d /export ]; then
+    ifconfig lo 127.0.0.1 up
+    mkdir -p /export /var/lib/nfs/v4recovery /mnt/kmlnfs
+    mount -t tmpfs -o size=48m tmpfs /export
+    dd if=/dev/urandom of=/export/data bs=1M count=32 2>/dev/null
+    mount -t nfsd nfsd /proc/fs/nfsd
+    echo -3 > /proc/fs/nfsd/versions
+    echo 1048576 > /proc/fs/nfsd/max_block_size
+    echo 10 > /proc/fs/nfsd/nfsv4gracetime
+    far=2147483647
+    printf '%s\n' "nfsd 127.0.0.1 $far kmlc" > /proc/net/rpc/auth.unix.ip/channel
+    printf '%s\n' "kmlc /export $far 9218 0 0 0" > /proc/net/rpc/nfsd.export/channel
+    printf '%s\n' "kmlc 1 \x00000000 $far /export" > /proc/net/rpc/nfsd.fh/channel
+    echo "tcp 2049" > /proc/fs/nfsd/portlist
+    echo 2 > /proc/fs/nfsd/threads
+    echo Y > /proc/fs/nfsd/v4_end_grace
+    for i in $(seq 50); do grep -q Y /proc/fs/nfsd/v4_end_grace && break; sleep 0.1; done
+    # a memory cgroup where reading the 32 MB file reclaims pages
+    mount -t cgroup2 none /sys/fs/cgroup && echo +memory > /sys/fs/cgroup/cgroup.subtree_control &&
+        mkdir /sys/fs/cgroup/kml && echo 8M > /sys/fs/cgroup/kml/memory.max
+fi
+"""
+
+NFS_RSIZE = r"""
+M={module}
+P=/sys/module/$M/parameters
+D=/sys/kernel/debug/$M
+N=/mnt/kmlnfs
+kml_mount 127.0.0.1:/ $N nfs4 vers=4.2,addr=127.0.0.1,clientaddr=127.0.0.1 ||
+    echo "KMLC-RESULT $M-nfs-rsize FAIL mount"
+DEV=$(awk -v n=$N '$5 == n {{print $3}}' /proc/self/mountinfo)
+rsize() {{ grep " $N " /proc/mounts | tr , '\n' | sed -n 's/^rsize=//p'; }}
+in_cgroup() {{ sh -c "echo \$\$ > /sys/fs/cgroup/kml/cgroup.procs 2>/dev/null; exec $*"; }}
+orig=$(rsize)
+want_rand=$(kml_reader rand /export/data 8192 1500 7)
+want_seq=$(kml_reader seq /export/data 8192 3072)
+# this mount only, 200 ms windows, a vote over the last 3 predictions, traced
+rmmod $M
+insmod /lib/kmlc/{ko} dev=$DEV window_ms=200 vote=3 trace=1
+echo 3 > /proc/sys/vm/drop_caches
+got_rand=$(kml_reader rand $N/data 8192 1500 7)
+r_rand=$(rsize)
+echo 3 > /proc/sys/vm/drop_caches
+got_seq=$(in_cgroup kml_reader seq $N/data 8192 3072)
+r_seq=$(rsize)
+cat $D/stats
+echo "mounts (id dev negotiated chosen class): $(cat $D/mounts)"
+echo "rsize of $DEV: negotiated $orig, after random reads $r_rand, after sequential reads $r_seq"
+echo KMLC-TRACE-BEGIN nfs-rsize
+cat $D/trace
+echo KMLC-TRACE-END
+inf=$(awk '/^inferences/{{print $2}}' $D/stats)
+if [ "$orig" = 1048576 ] && [ "$r_rand" = 4096 ] && [ "$r_seq" = 262144 ] && [ "$inf" -gt 0 ] &&
+   [ "$got_rand" = "$want_rand" ] && [ "$got_seq" = "$want_seq" ]; then
+    echo "KMLC-RESULT $M-nfs-rsize PASS rsize $orig -> random $r_rand -> sequential $r_seq, $inf inferences"
+else
+    echo "KMLC-RESULT $M-nfs-rsize FAIL rsize $orig -> random $r_rand -> sequential $r_seq, inferences=$inf sums $got_rand/$want_rand $got_seq/$want_seq"
+fi
+echo 0 > $P/trace
+# detach: the negotiated rsize comes back and stays; attach: the model again
+echo 50 > $P/window_ms
+echo 0 > $P/enabled
+r_off=$(rsize)
+kml_reader rand $N/data 8192 1000 5 > /dev/null
+r_off2=$(rsize)
+echo 1 > $P/enabled
+kml_reader rand $N/data 8192 1000 6 > /dev/null
+r_on=$(rsize)
+# unload: the negotiated rsize comes back; a module for another mount leaves it
+rmmod $M
+r_unload=$(rsize)
+insmod /lib/kmlc/{ko} dev=0:1 window_ms=100
+kml_reader rand $N/data 8192 1000 7 > /dev/null
+r_other=$(rsize)
+tracked=$(cat $D/mounts)
+rmmod $M
+if [ "$r_off" = "$orig" ] && [ "$r_off2" = "$orig" ] && [ "$r_on" = 4096 ] &&
+   [ "$r_unload" = "$orig" ] && [ "$r_other" = "$orig" ] && [ -z "$tracked" ]; then
+    echo "KMLC-RESULT $M-nfs-detach PASS detached $r_off, reattached $r_on, unloaded $r_unload, other mount's module $r_other"
+else
+    echo "KMLC-RESULT $M-nfs-detach FAIL detached $r_off/$r_off2, reattached $r_on, unloaded $r_unload, other mount's module $r_other ($tracked)"
+fi
+# unload and reload 100 times while a reader alternates random and
+# sequential reads, in the small cgroup so that it keeps reading from the
+# server; every read checksummed
+insmod /lib/kmlc/{ko} window_ms=50 vote=2
+want1=$(kml_reader rand /export/data 8192 1000 11)
+want2=$(kml_reader seq /export/data 8192 2048)
+rm -f /tmp/stop /tmp/bad
+( while [ ! -f /tmp/stop ]; do
+      [ "$(in_cgroup kml_reader rand $N/data 8192 1000 11)" = "$want1" ] || echo rand >> /tmp/bad
+      [ "$(in_cgroup kml_reader seq $N/data 8192 2048)" = "$want2" ] || echo seq >> /tmp/bad
+  done ) &
+sleep 1
+echo 3 > /proc/sys/vm/drop_caches
+before=$(awk '/^MemFree/{{print $2}}' /proc/meminfo)
+bad=0
+for c in $(seq 100); do
+    rmmod $M || bad=$((bad + 1))
+    insmod /lib/kmlc/{ko} window_ms=50 vote=2 || bad=$((bad + 1))
+done
+touch /tmp/stop
+wait
+echo 3 > /proc/sys/vm/drop_caches
+after=$(awk '/^MemFree/{{print $2}}' /proc/meminfo)
+rmmod $M || bad=$((bad + 1))
+r_final=$(rsize)
+[ -f /tmp/bad ] && bad=$((bad + $(wc -l < /tmp/bad)))
+umount $N || bad=$((bad + 1))
+if [ $bad -eq 0 ] && [ "$r_final" = "$orig" ] && [ $((before - after)) -lt 4096 ]; then
+    echo "KMLC-RESULT $M-reload-cycles PASS 100 cycles under NFS load, rsize $r_final after, MemFree $before -> $after kB"
+else
+    echo "KMLC-RESULT $M-reload-cycles FAIL errors=$bad rsize $r_final after, MemFree $before -> $after kB"
+fi
+# nfs.ko loaded after the module, and unloaded under it: the tracepoint
+# module notifier attaches the probes and detaches them
+unload_nfs() {{ for i in $(seq 50); do rmmod nfsv4 2>/dev/null && break; sleep 0.2; done; rmmod nfs; }}
+bad=0
+unload_nfs || bad=$((bad + 1))
+insmod /lib/kmlc/{ko} window_ms=50 || bad=$((bad + 1))
+early=$(dmesg | grep "$M: attached" | tail -1)
+insmod /lib/debian/nfs.ko && insmod /lib/debian/nfsv4.ko || bad=$((bad + 1))
+kml_mount 127.0.0.1:/ $N nfs4 vers=4.2,addr=127.0.0.1,clientaddr=127.0.0.1 || bad=$((bad + 1))
+kml_reader rand $N/data 8192 1000 9 > /dev/null
+r_late=$(rsize)
+reads=$(awk '/^reads/{{print $2}}' $D/stats)
+umount $N || bad=$((bad + 1))
+unload_nfs || bad=$((bad + 1))
+insmod /lib/debian/nfs.ko && insmod /lib/debian/nfsv4.ko || bad=$((bad + 1))
+if [ $bad -eq 0 ] && [ "$r_late" = 4096 ] && [ "$reads" -gt 0 ] &&
+   echo "$early" | grep -q "when nfs.ko loads"; then
+    echo "KMLC-RESULT $M-nfs-module PASS nfs.ko loaded after the module: $reads reads seen, rsize $r_late; unloaded under it"
+else
+    echo "KMLC-RESULT $M-nfs-module FAIL errors=$bad reads=$reads rsize $r_late ($early)"
+fi
+"""
+
+
 def qemu_parts(outdir: Path, meta: dict, ko: Path) -> tuple[list[str], dict, str]:
     """(Debian modules, initramfs files, scenario) for a model's hooks."""
     needs: list[str] = []
@@ -194,6 +350,11 @@ def qemu_parts(outdir: Path, meta: dict, ko: Path) -> tuple[list[str], dict, str
             needs += ["null_blk"]
             files["bin/kml_reader"] = tool("kml_reader")
             script += READAHEAD.format(module=meta["module"], ko=ko.name)
+        elif h == "nfs-rsize":
+            needs += ["nfsd", "nfsv4"]
+            files["bin/kml_reader"] = tool("kml_reader")
+            files["bin/kml_mount"] = tool("kml_mount")
+            script += NFS_SERVER + NFS_RSIZE.format(module=meta["module"], ko=ko.name)
     return needs, files, script
 
 
@@ -234,6 +395,28 @@ def parse_readahead_trace(text: str):
             classes.append(p[4])
     return (np.array(events, dtype=np.int64).reshape(-1, 4),
             np.array(feats, dtype=np.int32).reshape(-1, 5), np.array(classes, dtype=np.int32))
+
+
+def parse_nfs_trace(text: str):
+    """The module's NFS rsize trace as (rows for the twin: {kind, mount, t,
+    a, rsize, orig, flags, window}; the module's features for each window
+    it closed; the module's decisions {class, rsize})."""
+    events, feats, decisions = [], [], []
+    for ln in text.splitlines():
+        try:
+            p = [int(v) for v in ln.split()]
+        except ValueError:
+            continue
+        if len(p) != 18:
+            continue
+        events.append(p[:8])
+        if p[0] != 4 and p[6] & 2:
+            feats.append(p[10:])
+        if p[6] & 4:
+            decisions.append(p[8:10])
+    return (np.array(events, dtype=np.int64).reshape(-1, 8),
+            np.array(feats, dtype=np.int32).reshape(-1, 8),
+            np.array(decisions, dtype=np.int32).reshape(-1, 2))
 
 
 def traces(log: str) -> dict[str, str]:

@@ -28,11 +28,19 @@ from ..errors import KmlcError
 from .kernel import build_module, find_kdir
 from .kunit import cache_dir, locked
 
-DEBIAN_MODULES = {  # module -> the modules it needs first
-    "dm-mod": [], "configfs": [], "null_blk": ["configfs"], "brd": [],
+# Debian modules a scenario may need, by name.  Their load order comes from
+# each module's own "depends=" (what depmod writes into modules.dep), read
+# from the image, so it follows the kernel version: 6.1's nfs.ko needs
+# fscache.ko, 6.12's does not.
+MODULE_PATHS = {
+    "dm-mod": "drivers/md/dm-mod.ko", "null_blk": "drivers/block/null_blk/null_blk.ko",
+    "configfs": "fs/configfs/configfs.ko", "brd": "drivers/block/brd.ko",
+    "sunrpc": "net/sunrpc/sunrpc.ko", "auth_rpcgss": "net/sunrpc/auth_gss/auth_rpcgss.ko",
+    "grace": "fs/nfs_common/grace.ko", "nfs_acl": "fs/nfs_common/nfs_acl.ko",
+    "lockd": "fs/lockd/lockd.ko", "nfsd": "fs/nfsd/nfsd.ko", "netfs": "fs/netfs/netfs.ko",
+    "fscache": "fs/fscache/fscache.ko", "nfs": "fs/nfs/nfs.ko", "nfsv4": "fs/nfs/nfsv4.ko",
+    "dns_resolver": "net/dns_resolver/dns_resolver.ko",
 }
-MODULE_PATHS = {"dm-mod": "drivers/md/dm-mod.ko", "null_blk": "drivers/block/null_blk/null_blk.ko",
-                "configfs": "fs/configfs/configfs.ko", "brd": "drivers/block/brd.ko"}
 BAD_LOG = re.compile(r"\b(WARNING:|BUG:|Oops|general protection fault|Call Trace:|"
                      r"kernel BUG|UBSAN:|KASAN:|memory leak)")
 RESULT = re.compile(r"^KMLC-RESULT (\S+) (PASS|FAIL)\s*(.*)$", re.M)
@@ -98,9 +106,39 @@ def _cpio_newc(entries: list[tuple[str, bytes | None, int]]) -> bytes:
     return bytes(out)
 
 
-def build_initramfs(image: Path, scenarios: list[Scenario], init: str) -> bytes:
-    busybox = (image / "busybox" / "bin" / "busybox").read_bytes()
+def debian_modules(image: Path, scenarios: list[Scenario]) -> list[tuple[str, bytes]]:
+    """The Debian modules the scenarios need, each after the modules it
+    depends on (from its "depends=" field), with their contents."""
     modroot = next((image / "image" / "lib" / "modules").iterdir()) / "kernel"
+    order: list[tuple[str, bytes]] = []
+    visiting: set[str] = set()
+    canon = {k.replace("-", "_"): k for k in MODULE_PATHS}  # depends= spells dm-mod dm_mod
+
+    def visit(m: str) -> None:
+        if m in visiting or any(m == n for n, _ in order):
+            return
+        if m not in MODULE_PATHS:
+            raise KmlcError(f"the qemu tests do not know where Debian keeps module '{m}' "
+                            "(add it to MODULE_PATHS)")
+        visiting.add(m)
+        data = debian_module(modroot / MODULE_PATHS[m])
+        info = re.search(rb"\0depends=([^\0]*)\0", data)
+        for dep in (info.group(1).decode().split(",") if info else []):
+            if dep:
+                visit(canon.get(dep.replace("-", "_"), dep))
+        order.append((m, data))
+
+    for sc in scenarios:
+        for m in sc.needs:
+            visit(m)
+    return order
+
+
+def build_initramfs(image: Path, scenarios: list[Scenario], init: str,
+                    modules: list[tuple[str, bytes]] | None = None) -> bytes:
+    busybox = (image / "busybox" / "bin" / "busybox").read_bytes()
+    if modules is None:
+        modules = debian_modules(image, scenarios)
     entries: list[tuple[str, bytes | None, int]] = []
     for d in ("bin", "dev", "proc", "sys", "tmp", "mnt", "lib", "lib/kmlc", "lib/debian",
               "sys/kernel", "sys/kernel/debug", "sys/kernel/config"):
@@ -108,17 +146,11 @@ def build_initramfs(image: Path, scenarios: list[Scenario], init: str) -> bytes:
     entries.append(("bin/busybox", busybox, stat.S_IFREG | 0o755))
     for applet in ("sh", "mount", "insmod", "rmmod", "cat", "echo", "dmesg", "poweroff",
                    "sleep", "ls", "grep", "md5sum", "dd", "mkdir", "seq", "awk", "wc", "head",
-                   "tail", "sync", "uname", "expr", "test", "[", "dirname", "cut", "cmp", "sort", "stat"):
+                   "tail", "sync", "uname", "expr", "test", "[", "dirname", "cut", "cmp", "sort",
+                   "stat", "umount", "ifconfig", "printf", "tr", "sed"):
         entries.append((f"bin/{applet}", b"busybox", stat.S_IFLNK | 0o777))
-    needed: list[str] = []
-    for sc in scenarios:
-        for m in sc.needs:
-            for dep in DEBIAN_MODULES[m] + [m]:
-                if dep not in needed:
-                    needed.append(dep)
-    for m in needed:
-        entries.append((f"lib/debian/{m}.ko", debian_module(modroot / MODULE_PATHS[m]),
-                        stat.S_IFREG | 0o644))
+    for m, data in modules:
+        entries.append((f"lib/debian/{m}.ko", data, stat.S_IFREG | 0o644))
     for sc in scenarios:
         entries.append((f"lib/kmlc/{sc.ko.name}", sc.ko.read_bytes(), stat.S_IFREG | 0o644))
         for dest, src in sc.files.items():
@@ -141,16 +173,12 @@ def debian_module(path: Path) -> bytes:
     raise KmlcError(f"the Debian kernel image has no {path.name}", where=str(path.parent))
 
 
-def init_script(scenarios: list[Scenario]) -> str:
+def init_script(scenarios: list[Scenario], needed: list[str]) -> str:
+    """/init: mount the pseudo filesystems, load the Debian modules in
+    ``needed`` order, run every scenario, dump the kernel log, power off."""
     lines = ["#!/bin/sh", "mount -t proc proc /proc", "mount -t sysfs sysfs /sys",
              "mount -t devtmpfs dev /dev", "mount -t debugfs debugfs /sys/kernel/debug",
              'echo "KMLC-BOOTED $(uname -r)"']
-    needed: list[str] = []
-    for sc in scenarios:
-        for m in sc.needs:
-            for dep in DEBIAN_MODULES[m] + [m]:
-                if dep not in needed:
-                    needed.append(dep)
     from .hooks import MODULE_ARGS
 
     for m in needed:
@@ -234,8 +262,9 @@ def run(outdirs: list[Path], *, kdir=None, timeout: int = 600, log=print) -> dic
     release = release_of(k)
     image = kernel_image(release)
     scenarios = [model_scenario(d, kdir=k) for d in outdirs]
-    init = init_script(scenarios)
-    out = boot(build_initramfs(image, scenarios, init), image, timeout=timeout, log=log)
+    modules = debian_modules(image, scenarios)
+    init = init_script(scenarios, [m for m, _ in modules])
+    out = boot(build_initramfs(image, scenarios, init, modules), image, timeout=timeout, log=log)
     ok, lines = check(out)
     for ln in lines:
         log(f"kmlc qemu-test: {ln}")

@@ -139,21 +139,27 @@ class Twin:
             raise KmlcError(f"kml_{self.name}_infer returned {ret}")
         return y
 
-    def _replay(self, hook: str, fn_name: str, events, per: int, closes) -> tuple:
+    def _replay(self, hook: str, fn_name: str, events, per: int, closes, *, cols: int = 4,
+                decides=None, out_cols: int = 1) -> tuple:
+        """Run a hook's replay entry point on trace rows of ``cols`` int64:
+        ``closes(rows)`` marks the rows that close a window (one feature row
+        of ``per`` each), ``decides(rows)`` (default: the same) the rows that
+        give a decision of ``out_cols`` values."""
         if hook not in self.meta.get("hooks", []):
             raise KmlcError(f"this model was compiled without --hooks {hook}")
         fn = getattr(self.lib, f"kml_{self.name}_{fn_name}")
         p = ctypes.c_void_p
         fn.argtypes, fn.restype = [p, ctypes.c_ulong, p, p, p], ctypes.c_long
-        ev = np.ascontiguousarray(events, dtype=np.int64).reshape(-1, 4)
+        ev = np.ascontiguousarray(events, dtype=np.int64).reshape(-1, cols)
         rows = int(closes(ev).sum())
+        drows = rows if decides is None else int(decides(ev).sum())
         feats = np.zeros((rows, per), dtype=np.int32)
-        out = np.zeros(rows, dtype=np.int32)
+        out = np.zeros((drows, out_cols) if out_cols > 1 else drows, dtype=np.int32)
         n = fn(ev.ctypes.data, len(ev), feats.ctypes.data, out.ctypes.data,
                self._workspace.ctypes.data)
         if n < 0:
             raise KmlcError(f"kml_{self.name}_{fn_name} returned {n}")
-        return feats[:n], out[:n]
+        return feats[:n], (out if decides is not None else out[:n])
 
     def admit_replay(self, events) -> tuple[np.ndarray, np.ndarray]:
         """Replay an admission trace (rows {kind, a, b, c}: see
@@ -167,6 +173,16 @@ class Twin:
         kml_<name>_ra_replay): (features, classes), one row per window."""
         return self._replay("readahead", "ra_replay", events, 5,
                             lambda ev: (ev[:, 3] & 2) != 0)
+
+    def nfs_replay(self, events) -> tuple[np.ndarray, np.ndarray]:
+        """Replay an NFS rsize trace (rows {kind, mount, t, a, rsize, orig,
+        flags, window}: see kml_<name>_nfs_replay and
+        ``kmlc.targets.hooks.parse_nfs_trace``) through the module's own
+        feature code and policy: (features, one row per window; decisions,
+        one row {class, rsize} per decision the module took)."""
+        return self._replay("nfs-rsize", "nfs_replay", events, 8,
+                            lambda ev: (ev[:, 0] != 4) & ((ev[:, 6] & 2) != 0), cols=8,
+                            decides=lambda ev: (ev[:, 6] & 4) != 0, out_cols=2)
 
     @property
     def hook_frac(self) -> np.ndarray:

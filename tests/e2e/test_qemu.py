@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kernel_c
-from conftest import EXAMPLES, SEED_MODELS, readahead_policy, seed_models
+from conftest import EXAMPLES, SEED_MODELS, nfs_policy, readahead_policy, seed_models
 from kmlc.api import compile as kcompile
 from kmlc.targets import qemu
 
@@ -141,8 +141,92 @@ def test_readahead_hook_in_real_kernel(readahead):
             assert np.array_equal(tc, classes)
 
 
+@pytest.fixture(scope="module")
+def nfs_rsize(tmp_path_factory):
+    """The transparent NFS policy, fixed (inline) and float (deferred)."""
+    root = tmp_path_factory.mktemp("nfs")
+    m, cal = nfs_policy()
+    kcompile(m, root / "fx", name="nfspolicy", numerics="fixed", calibration=cal,
+             hooks=["nfs-rsize"])
+    kcompile(m, root / "fp", name="nfspolicy_fp", hooks=["nfs-rsize"])
+    return root / "fx", root / "fp"
+
+
+def check_nfs_run(res, dirs):
+    """The NFS scenario's results for each model, and its trace replayed
+    through the twin: the module's features and decisions, bit for bit."""
+    from kmlc.api import load
+    from kmlc.targets.hooks import parse_nfs_trace
+
+    for d in dirs:
+        mod = "kml_" + load(d).name
+        lines = [ln for ln in res["lines"] if ln.startswith(mod + "-")]
+        assert any("nfs-rsize: PASS rsize 1048576 -> random 4096 -> sequential 262144" in ln
+                   for ln in lines), lines
+        assert any("nfs-detach: PASS detached 1048576, reattached 4096, unloaded 1048576, "
+                   "other mount's module 1048576" in ln for ln in lines), lines
+        assert any("reload-cycles: PASS 100 cycles under NFS load, rsize 1048576" in ln
+                   for ln in lines), lines
+        assert any("nfs-module: PASS nfs.ko loaded after the module" in ln for ln in lines), lines
+    dumps = re.findall(r"KMLC-TRACE-BEGIN nfs-rsize\n(.*?)KMLC-TRACE-END", res["log"], re.S)
+    assert len(dumps) == len(dirs)
+    for d, text in zip(dirs, dumps):
+        events, feats, decisions = parse_nfs_trace(text)
+        kinds = np.bincount(events[:, 0], minlength=5)
+        assert kinds[:4].min() > 0, kinds        # reads, dones, page adds, reclaim scans
+        assert len(feats) >= 4 and len(decisions) >= 4
+        assert {0, 2} <= set(decisions[:, 0].tolist())
+        assert {4096, 262144} <= set(decisions[:, 1].tolist())
+        tf, td = load(d).nfs_replay(events)
+        assert np.array_equal(tf, feats)
+        assert np.array_equal(td, decisions)
+        # the rsize the module read at each event follows its decisions
+        rs = events[events[:, 0] < 3, 4]
+        assert {1048576, 4096, 262144} <= set(rs.tolist())
+
+
 @pytest.mark.kernel
-def test_build_matrix_every_installed_kernel(models, admission, readahead, tmp_path):
+def test_nfs_rsize_hook_in_real_kernel(nfs_rsize):
+    """An NFSv4.2 mount over loopback in Debian's 6.1 kernel, the fixed
+    model inline in the tracepoint probes: the mount's rsize (as
+    /proc/mounts shows it) goes from the negotiated 1 MiB to 4 KiB after
+    random reads and to 256 KiB after sequential ones; detaching and
+    unloading restore 1 MiB; 100 unload/reload cycles under NFS load; every
+    byte read checksummed; the trace replayed through the twin gives the
+    module's features and decisions bit for bit.  (The float model runs in
+    the 6.12 test: one NFS model per boot keeps the qemu time down.)"""
+    res = qemu.run([nfs_rsize[0]])
+    assert res["ok"], "\n".join(res["lines"])
+    check_nfs_run(res, nfs_rsize[:1])
+
+
+def test_nfs_rsize_hook_checks_the_model(tmp_path):
+    from kmlc.errors import KmlcError
+
+    with pytest.raises(KmlcError, match="8 NFS features and reads 4 class scores; this model "
+                                        "takes 5 and gives 4"):
+        kcompile(EXAMPLES / "readahead.onnx", tmp_path / "a", hooks=["nfs-rsize"])
+    with pytest.raises(KmlcError, match="takes 11 and gives 1"):
+        kcompile(EXAMPLES / "heimdall.onnx", tmp_path / "b", hooks=["nfs-rsize"])
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # the seed NFS model (8 -> 25 -> 10 -> 5 -> 4) fits the hook, float and fixed
+    kcompile(EXAMPLES / "nfs_rsize.onnx", tmp_path / "c", hooks=["nfs-rsize"], targets="kernel")
+    kcompile(EXAMPLES / "nfs_rsize.onnx", tmp_path / "d", hooks=["nfs-rsize"], targets="kernel",
+             numerics="fixed", calibration=seed_models.sample_inputs("nfs_rsize", 500, seed=3))
+    assert (tmp_path / "c" / "kernel" / "nfs_rsize_nfs.c").is_file()
+    assert "KML_NFS_FLOAT_FRAC" in (tmp_path / "c" / "kernel" / "nfs_rsize_policy.h").read_text()
+    assert "KML_NFS_RSIZE_IN_FRAC_BITS" in (tmp_path / "d" / "kernel" /
+                                             "nfs_rsize_policy.h").read_text()
+
+
+@pytest.mark.kernel
+def test_nfs_rsize_sources_are_kernel_style(nfs_rsize):
+    for d in nfs_rsize:
+        kernel_c.check_checkpatch_clean(d / "kernel")
+
+
+@pytest.mark.kernel
+def test_build_matrix_every_installed_kernel(models, admission, readahead, nfs_rsize, tmp_path):
     """Every kind of module builds with W=1 and zero warnings against each
     installed Debian kernel: 6.1 (the distribution's) and 6.12."""
     import shutil
@@ -154,7 +238,7 @@ def test_build_matrix_every_installed_kernel(models, admission, readahead, tmp_p
     assert any(r.startswith("6.1.") for r in releases), releases
     assert any(r.startswith("6.12.") for r in releases), releases
     for k in kdirs:
-        for src in [models[1], models[2], admission, *readahead]:
+        for src in [models[1], models[2], admission, *readahead, *nfs_rsize]:
             d = tmp_path / f"{qemu.release_of(k)}-{src.parent.name}-{src.name}"
             shutil.copytree(src / "kernel", d)
             ko = kernel.build_module(d, kdir=k)  # raises on any warning
@@ -164,13 +248,16 @@ def test_build_matrix_every_installed_kernel(models, admission, readahead, tmp_p
 
 
 @pytest.mark.kernel
-def test_hooks_in_real_6_12_kernel(admission, readahead):
+def test_hooks_in_real_6_12_kernel(admission, readahead, nfs_rsize):
     """The same modules and hook scenarios in Debian's 6.12 kernel (IBT on,
-    other function layout, CC_FLAGS_FPU)."""
+    other function layout, CC_FLAGS_FPU; NFS reads over local I/O instead
+    of RPCs), the NFS one with the float model (deferred to a work item)."""
     from kmlc.targets import kernel
 
     k612 = [k for k in kernel.installed_headers() if qemu.release_of(k).startswith("6.12.")]
-    res = qemu.run([admission, *readahead], kdir=k612[-1])
+    res = qemu.run([admission, *readahead, nfs_rsize[1]], kdir=k612[-1])
     assert res["ok"], "\n".join(res["lines"])
-    # admission: self-test, routing, attach cycles, reload cycles; readahead x2: 3 each
-    assert sum("PASS" in ln for ln in res["lines"]) == 10, res["lines"]
+    # admission: self-test, routing, attach cycles, reload cycles; readahead x2: 3 each;
+    # nfs-rsize: self-test, rsize, detach, reload cycles, nfs.ko reload
+    assert sum("PASS" in ln for ln in res["lines"]) == 15, res["lines"]
+    check_nfs_run(res, nfs_rsize[1:])

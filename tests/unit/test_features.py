@@ -22,6 +22,31 @@ void admit(const u64 *done, long ndone, u64 size, u32 qlen, const u8 *frac, s32 
 		kml_admit_complete(&s, (u32)done[3 * i], done[3 * i + 1], done[3 * i + 2]);
 	kml_admit_features(&s, size, qlen, frac, out);
 }
+/* One mount's events {t, kind, a, rsize} and reclaim scans (kind 3). */
+long nfs(const s64 *ev, long n, u64 window_ns, const u8 *frac, s32 *out, long *closed)
+{
+	struct kml_nfs_window w = { 0 };
+	struct kml_nfs_reclaim r = { 0, 0 };
+	long i, windows = 0;
+
+	for (i = 0; i < n; i++, ev += 4) {
+		if (ev[1] == KML_NFS_RECLAIM)
+			kml_nfs_reclaimed(&r, (u64)ev[2]);
+		else if (kml_nfs_step(&w, &r, (unsigned int)ev[1], (u64)ev[0], (u64)ev[2],
+				      (u32)ev[3], window_ns, frac, out + 8 * windows))
+			closed[windows++] = i;
+	}
+	return windows;
+}
+u32 nfs_clamp(u32 want, u32 negotiated) { return kml_nfs_clamp(want, negotiated); }
+void nfs_decide(const u32 *want, long n, u32 k, u32 negotiated, u32 *out)
+{
+	struct kml_nfs_votes v = { { 0 } };
+	long i;
+
+	for (i = 0; i < n; i++)
+		out[i] = kml_nfs_decide(&v, want[i], k, negotiated);
+}
 """
 
 S32_MAX = 2**31 - 1
@@ -37,6 +62,13 @@ def lib(tmp_path_factory):
     lib = ctypes.CDLL(str(d / "h.so"))
     lib.q_div.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
     lib.q_int.argtypes = [ctypes.c_uint64, ctypes.c_uint]
+    lib.nfs.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_uint64, ctypes.c_void_p,
+                        ctypes.c_void_p, ctypes.c_void_p]
+    lib.nfs.restype = ctypes.c_long
+    lib.nfs_clamp.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
+    lib.nfs_clamp.restype = ctypes.c_uint32
+    lib.nfs_decide.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_uint32, ctypes.c_uint32,
+                               ctypes.c_void_p]
     return lib
 
 
@@ -228,3 +260,242 @@ def test_readahead_decisions_are_the_modules(tmp_path, numerics):
     rf, rc = twin.ra_replay(trace)                # which must not leak into this replay
     assert np.array_equal(rf, w.raw) and np.array_equal(rc, classes)
     assert set(classes.tolist()) == {0, 2}  # random files -> 0, sequential -> 2
+
+
+# ---- NFS rsize (docs/hooks.md): the definition, in exact arithmetic ----------------
+
+U64_MAX = 2**64 - 1
+
+
+def exact_nfs_windows(ev, window_ns, frac):
+    """The NFS hook's windows and features for rows {t, kind, mount, a,
+    rsize}, from their definition: per mount, a window closes at the first
+    event window_ns or more after its first event (without that event);
+    reclaim scans (kind 3) are system-wide; sums saturate at 2^64 - 1."""
+    scans = reclaimed = 0
+    open_, out, closed = {}, [], []
+    for i, (t, kind, mount, a, rsize) in enumerate(ev):
+        if kind == 3:
+            scans, reclaimed = scans + 1, min(reclaimed + a, U64_MAX)
+            continue
+        w = open_.get(mount)
+        if w is not None and t - w["t0"] >= window_ns:
+            out.append(exact_nfs_features(w, scans, reclaimed, t, rsize, frac))
+            closed.append(i)
+            w = None
+        if w is None:
+            w = open_[mount] = {"t0": t, "scans": scans, "reclaimed": reclaimed,
+                                0: [], 1: [], 2: []}
+        w[kind].append((t, a % 2**64))
+    return out, closed
+
+
+def exact_nfs_features(w, scans, reclaimed, t, rsize, frac):
+    reads, dones, pages = w[0], w[1], w[2]
+    lat = [a for _, a in dones if a != U64_MAX]
+
+    def mean_step(xs, unit, f):  # mean |difference| of successive values, in units
+        if len(xs) < 2:
+            return 0
+        total = min(sum(abs(x - y) for x, y in zip(xs[1:], xs[:-1])), U64_MAX)
+        return exact_q(total, (len(xs) - 1) * unit, f)
+
+    ds = scans - w["scans"]
+    n = len(reads) + len(dones) + len(pages) + ds
+    return [exact_q(min(n * 10**9, U64_MAX), t - w["t0"], frac[0]),
+            exact_q(min(sum(lat), U64_MAX), len(lat) * 1000, frac[1]) if lat else 0,
+            mean_step([t for t, _ in reads], 1000, frac[2]),
+            mean_step([t for t, _ in dones], 1000, frac[3]),
+            mean_step([a for _, a in reads], 4096, frac[4]),
+            mean_step([a for _, a in pages], 1, frac[5]),
+            exact_q(reclaimed - w["reclaimed"], ds, frac[6]) if ds else 0,
+            exact_q(rsize, 4096, frac[7])]
+
+
+def nfs_stream(rng, n, mounts=3):
+    """Rows {t, kind, mount, a, rsize}: sequential readers on even mounts,
+    random ones on odd mounts, dones with latencies (some unknown), page
+    adds, and system-wide reclaim scans."""
+    t = np.cumsum(rng.integers(0, 3_000_000, n))
+    kind = rng.choice([0, 1, 2, 3], n, p=[0.3, 0.3, 0.35, 0.05])
+    mount = rng.integers(0, mounts, n)
+    seq = mount % 2 == 0
+    offset = np.where(seq, np.arange(n) * 65536, rng.integers(0, 2**36, n))
+    latency = np.where(rng.random(n) < 0.1, -1, rng.integers(1000, 50_000_000, n))
+    page = np.where(seq, np.arange(n), rng.integers(0, 2**24, n))
+    a = np.choose(kind, [offset, latency, page, rng.integers(0, 512, n)])
+    rsize = rng.choice([4096, 65536, 262144, 1048576], n)
+    return np.stack([t, kind, mount, a, rsize], 1).astype(np.int64)
+
+
+def test_nfs_features_match_definition(lib):
+    """kml_features.h's NFS windows, under UBSan, and kmlc.features.nfs
+    both equal the exact definition, extreme values included."""
+    from kmlc import features
+
+    rng = np.random.default_rng(7)
+    ev = nfs_stream(rng, 6000)
+    frac = [4, 9, 5, 5, 8, 8, 8, 8]
+    want, closed = exact_nfs_windows(ev.tolist(), 40_000_000, frac)
+    assert len(want) > 200
+    got = features.nfs(ev, window_ms=40, frac=frac)
+    assert got.raw.tolist() == want
+    assert got.closed_by.tolist() == closed
+    # one mount, through the UBSan harness, with offsets and gaps near 2^63
+    one = ev[ev[:, 2] == 0]
+    one[::7, 3] = 2**63 - 1 - one[::7, 3]
+    one[:, 0] += 2**62
+    rows = np.ascontiguousarray(one[:, [0, 1, 3, 4]])
+    out = np.zeros((len(rows), 8), dtype=np.int32)
+    idx = np.zeros(len(rows), dtype=np.int64)
+    m = lib.nfs(rows.ctypes.data, len(rows), 40_000_000, np.array(frac, np.uint8).ctypes.data,
+                out.ctypes.data, idx.ctypes.data)
+    want1, closed1 = exact_nfs_windows(one.tolist(), 40_000_000, frac)
+    assert out[:m].tolist() == want1 and idx[:m].tolist() == closed1
+    assert (out[:m, 4] == S32_MAX).any()  # saturated, not wrapped
+
+
+def test_nfs_window_edge_cases():
+    from kmlc import features
+
+    f = [0] * 8
+    # a lone event never closes; the first event 1 s later closes its window
+    ev = [[0, 0, 1, 4096, 4096], [999_999_999, 2, 1, 7, 4096], [10**9, 0, 1, 0, 8192]]
+    w = features.nfs(np.array(ev), frac=f)
+    assert w.closed_by.tolist() == [2]
+    # 2 events in 1 s; one read, one page add: no means; rsize of the closing event
+    assert w.raw.tolist() == [[2, 0, 0, 0, 0, 0, 0, 2]]
+    # reclaim scans count for every mount, and only between open and close
+    ev = [[0, 3, 0, 100, 0], [1, 0, 1, 0, 4096], [2, 3, 9, 30, 0], [3, 3, 9, 10, 0],
+          [4, 0, 2, 0, 4096], [10, 0, 1, 0, 4096], [11, 0, 2, 0, 4096]]
+    w = features.nfs(np.array(ev), window_ms=5e-6, frac=f)
+    assert w.closed_by.tolist() == [5, 6]
+    assert w.raw[:, 6].tolist() == [20, 0]          # (30 + 10) / 2, then none after t=4
+    assert w.raw[:, 0].tolist() == [exact_q(3 * 10**9, 9, 0), exact_q(10**9, 7, 0)]
+
+
+def test_nfs_extractor_rejects_bad_events():
+    from kmlc import features
+    from kmlc.errors import KmlcError
+
+    with pytest.raises(KmlcError, match="rows of 5"):
+        features.nfs(np.zeros((3, 4), dtype=np.int64))
+    with pytest.raises(KmlcError, match="kind 0 \\(read\\)"):
+        features.nfs(np.array([[0, 4, 0, 0, 4096]]))
+    with pytest.raises(KmlcError, match="time order"):
+        features.nfs(np.array([[5, 0, 0, 0, 4096], [4, 0, 0, 1, 4096]]))
+    with pytest.raises(KmlcError, match="reclaim scans go to reclaim"):
+        features.NfsStream().event(0, 3, 0, 1, 4096)
+
+
+def clamp_oracle(want, negotiated):
+    if negotiated < 4096:
+        return negotiated
+    fits = [2**p for p in range(12, 19) if 2**p <= min(want, negotiated)]
+    return max(fits) if fits else 4096
+
+
+def vote_oracle(history, k):
+    last = history[-max(1, min(16, k)):]
+    best, votes = None, 0
+    for v in reversed(last):   # ties go to the most recent
+        if last.count(v) > votes:
+            best, votes = v, last.count(v)
+    return best
+
+
+def test_nfs_clamps(lib):
+    hand = {(262144, 1 << 20): 262144, (4096, 1 << 20): 4096, (262144, 65536): 65536,
+            (262144, 100000): 65536, (1000, 1 << 20): 4096, (8192, 2048): 2048,
+            (1 << 20, 1 << 20): 262144, (0, 4096): 4096, (131072, 131071): 65536,
+            (2**32 - 1, 2**32 - 1): 262144}
+    for (want, neg), r in hand.items():
+        assert lib.nfs_clamp(want, neg) == r == clamp_oracle(want, neg), (want, neg)
+    rng = np.random.default_rng(8)
+    for want, neg in rng.integers(0, 2**21, (3000, 2)).tolist():
+        assert lib.nfs_clamp(want, neg) == clamp_oracle(want, neg)
+
+
+def test_nfs_majority_vote(lib):
+    rng = np.random.default_rng(9)
+    for k in (0, 1, 2, 3, 5, 16, 40):
+        want = rng.choice([4096, 65536, 262144], 200).astype(np.uint32)
+        out = np.zeros(200, dtype=np.uint32)
+        lib.nfs_decide(want.ctypes.data, 200, k, 1 << 20, out.ctypes.data)
+        hist = want.tolist()
+        assert out.tolist() == [vote_oracle(hist[:i + 1], k) for i in range(200)], k
+    # classes asking for the same rsize vote together; a tie goes to the newest
+    out = np.zeros(3, dtype=np.uint32)
+    lib.nfs_decide(np.array([4096, 262144, 262144], np.uint32).ctypes.data, 3, 3, 65536,
+                   out.ctypes.data)
+    assert out.tolist() == [4096, 65536, 65536]
+    lib.nfs_decide(np.array([4096, 262144], np.uint32).ctypes.data, 2, 4, 1 << 20,
+                   out.ctypes.data)
+    assert out[:2].tolist() == [4096, 262144]
+
+
+def test_nfs_stream_equals_batch_extraction():
+    from kmlc import features
+
+    ev = nfs_stream(np.random.default_rng(10), 4000)
+    s = features.NfsStream(window_ms=20)
+    got = []
+    for i, (t, kind, mount, a, rsize) in enumerate(ev.tolist()):
+        if kind == 3:
+            s.reclaim(a)
+        elif (f := s.event(t, kind, mount, a, rsize)) is not None:
+            got.append((i, f))
+    want = features.nfs(ev, window_ms=20)
+    assert [i for i, _ in got] == want.closed_by.tolist()
+    assert np.array_equal(np.array([f for _, f in got]), want.raw)
+
+
+def nfs_trace_rows(ev, closed, decisions_at_close, vote, orig=1 << 20):
+    """The rows the module's trace would hold for events ev (rows {t, kind,
+    mount, a, rsize}): flags 1 opens, 2 closes, 4 decides (at the close for
+    a fixed model; else a separate kind-4 row after it, skipping every
+    third window as a busy work item would)."""
+    rows, seen, closes = [], set(), {i: n + 1 for n, i in enumerate(closed)}
+    for i, (t, kind, mount, a, rsize) in enumerate(ev.tolist()):
+        if kind == 3:
+            rows.append([3, 0, t, a, 0, 0, 0, 0])
+            continue
+        flags, window = 0, closes.get(i, 0)
+        if mount not in seen or window:
+            flags |= 1
+        seen.add(mount)
+        if window:
+            flags |= 2 | ((4 | vote << 8) if decisions_at_close else 0)
+        rows.append([kind, mount + 1, t, a, rsize, orig, flags, window])
+        if window and not decisions_at_close and window % 3:
+            rows.append([4, mount + 1, t, 0, 0, orig, 4 | vote << 8, window])
+    return np.array(rows, dtype=np.int64)
+
+
+@pytest.mark.parametrize("numerics", ["fixed", "float"])
+def test_nfs_decisions_are_the_modules(tmp_path, numerics):
+    """kmlc.features.nfs with the hook's fraction bits, decided by
+    twin.decide() and voted and clamped by NfsRsize, equals the hook's own
+    replay of the same events (decisions at the close for a fixed model,
+    deferred for a float one)."""
+    from conftest import nfs_policy
+    from kmlc import features
+    from kmlc.api import compile as kcompile, load
+
+    m, cal = nfs_policy()
+    kcompile(m, tmp_path / "nfs", name="nfsp", numerics=numerics, targets=["kernel", "user"],
+             calibration=cal if numerics == "fixed" else None, hooks=["nfs-rsize"])
+    twin = load(tmp_path / "nfs")
+    ev = nfs_stream(np.random.default_rng(11), 5000, mounts=4)
+    w = features.nfs(ev, window_ms=30, frac=twin.hook_frac)
+    classes = twin.decide(w.raw)
+    assert set(classes.tolist()) == {0, 2}   # random mounts -> 0, sequential -> 2
+    fixed = numerics == "fixed"
+    rows = nfs_trace_rows(ev, w.closed_by.tolist(), fixed, vote=3)
+    rf, rd = twin.nfs_replay(rows)
+    assert np.array_equal(rf, w.raw)
+    decided = [j for j in range(len(classes)) if fixed or (j + 1) % 3]
+    votes = {}
+    want = [[classes[j], votes.setdefault(ev[w.closed_by[j], 2], features.NfsRsize(vote=3))
+             .decide([4096, 4096, 262144, 262144][classes[j]], 1 << 20)] for j in decided]
+    assert rd.tolist() == want
