@@ -147,7 +147,7 @@ def build_initramfs(image: Path, scenarios: list[Scenario], init: str,
     for applet in ("sh", "mount", "insmod", "rmmod", "cat", "echo", "dmesg", "poweroff",
                    "sleep", "ls", "grep", "md5sum", "dd", "mkdir", "seq", "awk", "wc", "head",
                    "tail", "sync", "uname", "expr", "test", "[", "dirname", "cut", "cmp", "sort",
-                   "stat", "umount", "ifconfig", "printf", "tr", "sed"):
+                   "stat", "umount", "ifconfig", "printf", "tr", "sed", "rmdir"):
         entries.append((f"bin/{applet}", b"busybox", stat.S_IFLNK | 0o777))
     for m, data in modules:
         entries.append((f"lib/debian/{m}.ko", data, stat.S_IFREG | 0o644))
