@@ -164,12 +164,14 @@ def readahead(events, *, window_events: int = 64, window_ms: float = 1000.0,
 def admission(events, *, frac=ADMIT_FRAC) -> Features:
     """Heimdall's 11 features for every read, as the admission hook computes
     them.  ``events``: rows {kind, a, b, c} in time order; kind 0 is a read
-    (a: size in bytes, b: reads in flight on the primary), kind 1 a
-    completion on the primary (a: queue length at submit, b: latency ns,
-    c: bytes)."""
+    (a: size in bytes, b: reads and writes in flight on the primary), kind
+    1 a read's and kind 2 a write's completion on the primary (a: queue
+    length at submit, b: latency ns, c: bytes); both kinds of completion
+    enter the history alike."""
     ev = _events(events, "admission")
-    if not np.isin(ev[:, 0], (0, 1)).all():
-        raise KmlcError("admission events have kind 0 (read) or 1 (completion) only")
+    if not np.isin(ev[:, 0], (0, 1, 2)).all():
+        raise KmlcError("admission events have kind 0 (read), 1 (read done) or 2 (write done) "
+                        "only")
     f = _frac(frac, ADMIT_FEATURES)
     raw = np.zeros((int((ev[:, 0] == 0).sum()), ADMIT_FEATURES), dtype=np.int32)
     n = _check(library().kml_admit_extract(ev.ctypes.data, len(ev), f.ctypes.data,
@@ -244,12 +246,13 @@ class AdmissionStream:
         self._out = np.zeros(ADMIT_FEATURES, dtype=np.int32)
 
     def complete(self, qlen: int, latency_ns: int, nbytes: int) -> None:
-        """A read finished on the primary; it had ``qlen`` reads ahead of it."""
+        """A read or a write finished on the primary; it had ``qlen`` I/Os
+        (reads and writes) ahead of it."""
         self._lib.kml_admit_step_complete(self._state, qlen, latency_ns, nbytes)
 
     def read(self, size: int, inflight: int) -> np.ndarray:
         """The encoded features of a read of ``size`` bytes arriving with
-        ``inflight`` reads in flight on the primary."""
+        ``inflight`` reads and writes in flight on the primary."""
         self._lib.kml_admit_step_read(self._state, size, inflight, self.frac.ctypes.data,
                                       self._out.ctypes.data)
         return self._out.copy()

@@ -56,9 +56,12 @@ static inline s32 kml_q_div(u64 num, u64 den, unsigned int frac)
 
 /* ---- Heimdall admission (brief §2) -------------------------------------------
  *
- * Per replicated device: the current queue length (reads in flight on the
- * primary) and the last three completions on it: queue length at submit,
- * latency and throughput.  Feature vector, in this order:
+ * Per replicated device: the current queue length (reads and writes in
+ * flight on the primary) and the last three completions on it, reads and
+ * writes alike: queue length at submit, latency and throughput.  As in
+ * Heimdall, whose kernel and client integrations record every I/O they
+ * send to the device and count both kinds in the queue.  Feature vector,
+ * in this order:
  *   size (B), queue length, 3 x past queue length, 3 x latency (us),
  *   3 x throughput (B/us).
  * Latencies are floored at 1 us, so throughput never divides by zero.
@@ -72,7 +75,7 @@ struct kml_admit_state {
 	u64 bytes[KML_ADMIT_HISTORY];
 };
 
-/* A read finished on the primary: it had qlen reads ahead of it. */
+/* A read or write finished on the primary: it had qlen I/Os ahead of it. */
 static inline void kml_admit_complete(struct kml_admit_state *s, u32 qlen, u64 lat_ns,
 				      u64 bytes)
 {

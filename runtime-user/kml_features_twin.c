@@ -110,7 +110,7 @@ long kml_ra_extract(const s64 *ev, unsigned long n, u32 window_events, u64 windo
 	return (long)windows;
 }
 
-/* Admission, one event at a time: a completion on the primary, and a read. */
+/* Admission, one event at a time: a completion (read or write) on the primary, and a read. */
 void kml_admit_step_complete(struct kml_admit_state *s, u32 qlen, u64 lat_ns, u64 bytes)
 {
 	kml_admit_complete(s, qlen, lat_ns, bytes);
@@ -124,10 +124,11 @@ void kml_admit_step_read(const struct kml_admit_state *s, u64 size, u32 qlen, co
 
 /*
  * Admission: ev holds n rows {kind, a, b, c} in time order, as the
- * module's trace records them: kind 0 is a read on the primary (a: size in
- * bytes, b: reads in flight), kind 1 a completion on the primary (a: its
- * queue length at submit, b: latency ns, c: bytes).  Writes one feature
- * row per read.
+ * module's trace records them: kind 0 is a read offered to the primary
+ * (a: size in bytes, b: reads and writes in flight on the primary), kind 1
+ * a read's and kind 2 a write's completion on the primary (a: its queue
+ * length at submit, b: latency ns, c: bytes).  Writes one feature row per
+ * read; returns the number of reads, or -EINVAL for an unknown kind.
  */
 long kml_admit_extract(const s64 *ev, unsigned long n, const u8 *frac, s32 *features)
 {
@@ -136,11 +137,13 @@ long kml_admit_extract(const s64 *ev, unsigned long n, const u8 *frac, s32 *feat
 
 	memset(&st, 0, sizeof(st));
 	for (i = 0; i < n; i++, ev += 4) {
-		if (ev[0] == 1)
+		if (ev[0] == 1 || ev[0] == 2)
 			kml_admit_complete(&st, (u32)ev[1], (u64)ev[2], (u64)ev[3]);
-		else
+		else if (ev[0] == 0)
 			kml_admit_features(&st, (u64)ev[1], (u32)ev[2], frac,
 					   features + reads++ * KML_ADMIT_FEATURES);
+		else
+			return -EINVAL;
 	}
 	return (long)reads;
 }

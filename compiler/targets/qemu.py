@@ -178,7 +178,10 @@ def init_script(scenarios: list[Scenario], needed: list[str]) -> str:
     ``needed`` order, run every scenario, dump the kernel log, power off."""
     lines = ["#!/bin/sh", "mount -t proc proc /proc", "mount -t sysfs sysfs /sys",
              "mount -t devtmpfs dev /dev", "mount -t debugfs debugfs /sys/kernel/debug",
-             'echo "KMLC-BOOTED $(uname -r)"']
+             'echo "KMLC-BOOTED $(uname -r)"',
+             "# kB a leak would hold: unreclaimable slab and vmalloc, caches dropped",
+             "kml_held() { echo 3 > /proc/sys/vm/drop_caches; "
+             "awk '/^(SUnreclaim|VmallocUsed):/ { s += $2 } END { print s }' /proc/meminfo; }"]
     from .hooks import MODULE_ARGS
 
     for m in needed:

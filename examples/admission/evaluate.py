@@ -104,6 +104,43 @@ def probe_ablation(seeds, cfg: traces.Config, models: dict, values=(64, 16, 8, 4
     return {str(v): dict(zip(keys, map(float, np.mean(r, axis=0)))) for v, r in rows.items()}
 
 
+def history_mix(seeds, cfg: traces.Config, models: dict) -> dict:
+    """What the hook's history holds when a read arrives, on the training
+    traces: the share of write completions among the last three entries
+    (the features' history; empty slots not counted), for reads arriving
+    during their primary's GC and outside, under the baseline (the hook
+    admits everything: the training data) and under the learned policy;
+    and the learned policy's decline rate in and outside GC."""
+    decide, frac, *_ = _policies(models)
+    out = {}
+    for name, dec in (("baseline", lambda f: 0), ("learned", decide)):
+        w = {True: [0, 0], False: [0, 0]}             # in GC: [write entries, entries]
+        dl = {True: [0, 0], False: [0, 0]}            # in GC: [declined, reads]
+        for seed in seeds:
+            tr = traces.generate(seed, cfg)
+            pol = sim.heimdall(tr.size, dec, frac, trace=True)
+            sim.simulate(tr, pol)
+            for c, hook in enumerate(pol.hooks):
+                arrivals = iter([t for t, cl, wr in zip(tr.t, tr.client, tr.write)
+                                 if cl == c and not wr])
+                decisions = iter(hook.decisions)
+                last = []
+                for ev in hook.events:
+                    if ev[0] != 0:
+                        last = [ev[0]] + last[:2]
+                        continue
+                    g = tr.gc_episode(c, next(arrivals)) >= 0
+                    w[g][0] += sum(k == sim.WRITE_DONE for k in last)
+                    w[g][1] += len(last)
+                    dl[g][0] += next(decisions)
+                    dl[g][1] += 1
+        out[name] = {"writes_in_history_in_gc": w[True][0] / max(1, w[True][1]),
+                     "writes_in_history_outside_gc": w[False][0] / max(1, w[False][1]),
+                     "declined_in_gc": dl[True][0] / max(1, dl[True][1]),
+                     "declined_outside_gc": dl[False][0] / max(1, dl[False][1])}
+    return out
+
+
 def aggregate(per_seed: list[dict]) -> dict:
     """Per policy: the mean over seeds of each seed's average and
     percentiles (Heimdall §6.1 reports "the average percentile" over its

@@ -2,24 +2,27 @@
 §3.2, Figure 4), and LinnOS's latency-cutoff labeling.
 
 Followed step for step from the paper and its artifact (the labeling script
-of ucare-uchicago/Heimdall, "tail_v1"), on the reads one admission target
-sent to its primary, in submission order, with each read's latency (us) and
-throughput (B/us):
+of ucare-uchicago/Heimdall, "tail_v1"), on the I/Os one admission target
+sent to its primary (the artifact labels every I/O of the device, reads and
+writes, and keeps the reads' labels: ``train.read_labels``), in submission
+order, with each I/O's latency (us) and throughput (size / latency, B/us:
+the paper's only size normalization, "throughput also takes I/O size into
+account"):
 
 1. Thresholds (§3.1 line 4): the "inflection point" of the latency and of
    the throughput distribution (``tangent_ip``), and their medians.
-2. Period starts (line 9, IsBusy): a read whose latency is not below the
+2. Period starts (line 9, IsBusy): an I/O whose latency is not below the
    latency IP and whose throughput is not above the throughput IP, and
-   whose throughput dropped by a factor >= 1.7 from the previous read's.
-3. Periods (lines 11-15): from a start, every following read is slow until
-   the first read from which the next 3 reads (itself included) all have
-   throughput >= the median; that read ends the period (it is fast, and the
+   whose throughput dropped by a factor >= 1.7 from the previous I/O's.
+3. Periods (lines 11-15): from a start, every following I/O is slow until
+   the first I/O from which the next 3 (itself included) all have
+   throughput >= the median; that I/O ends the period (it is fast, and the
    artifact does not test it as a new start).
 4. Noise filtering (§3.2), outliers removed from the data set:
-   stage 1, in a slow period: reads with latency <= the median and
-   throughput >= the median; stage 2, outside: reads with latency > the
+   stage 1, in a slow period: I/Os with latency <= the median and
+   throughput >= the median; stage 2, outside: I/Os with latency > the
    latency IP and throughput < the median; stage 3, after removing those:
-   slow runs of at most 3 reads (the artifact does not test a run that
+   slow runs of at most 3 I/Os (the artifact does not test a run that
    reaches the end of the data).
 
 The paper finds the thresholds of steps 2 and 4 with a gradient-descent
@@ -31,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 DROP = 1.7          # throughput drop that can start a slow period
-FUTURE = 3          # reads that must be fast to end one
+FUTURE = 3          # I/Os that must be fast to end one
 SHORT = 3           # slow runs this short are noise
 
 
@@ -59,8 +62,8 @@ def thresholds(lat, thpt) -> tuple[float, float, float, float]:
 
 
 def period_labels(latency_us, size, limits=None) -> tuple[np.ndarray, np.ndarray]:
-    """(labels, keep): 1 for a read in a slow period; ``keep`` is False for
-    the noise the 3 stages remove.  Reads in submission order; ``limits``
+    """(labels, keep): 1 for an I/O in a slow period; ``keep`` is False for
+    the noise the 3 stages remove.  I/Os in submission order; ``limits``
     overrides ``thresholds()``."""
     lat = np.asarray(latency_us, dtype=np.float64)
     thpt = np.round(np.asarray(size, dtype=np.float64) / lat)

@@ -56,6 +56,19 @@ def ablation_table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def history_table(res: dict) -> str:
+    lines = ["| hook decisions | write completions in the history, reads during GC | "
+             "... outside GC | reads declined during GC | ... outside GC |",
+             "|---|---:|---:|---:|---:|"]
+    for name, a in res["history_on_training_traces"].items():
+        label = "always admit (baseline: the training data)" if name == "baseline" else \
+            "the learned model"
+        lines.append(f"| {label} | {100 * a['writes_in_history_in_gc']:.1f}% | "
+                     f"{100 * a['writes_in_history_outside_gc']:.1f}% | "
+                     f"{100 * a['declined_in_gc']:.1f}% | {100 * a['declined_outside_gc']:.1f}% |")
+    return "\n".join(lines)
+
+
 def markdown(res: dict, run: dict) -> str:
     acc, k, d = res["accuracy"], res["kmlc"], res["training_data"]
 
@@ -67,6 +80,8 @@ def markdown(res: dict, run: dict) -> str:
         return f"{100 * a / b:.1f}%"
 
     hv = acc["hook_vs_float"]
+    over = ("every I/O on the primary, writes included"
+            if res["settings"].get("labels", "all") == "all" else "the reads alone")
     normal = d["reads"] - d["gc_reads"]
     ts = res["settings"]["train_seeds"]
     return "\n".join([
@@ -96,7 +111,8 @@ def markdown(res: dict, run: dict) -> str:
         f"* {d['reads']} reads of the baseline on training seeds {ts[0]}-{ts[-1]}; "
         f"{pct(d['gc_reads'], d['reads'])} of them arrived while their primary collected "
         "garbage.",
-        f"* Period-based labels: {pct(d['slow'], d['reads'])} slow; "
+        f"* Period-based labels (over {over}; the reads' labels): "
+        f"{pct(d['slow'], d['reads'])} slow; "
         f"{pct(d['slow_in_gc'], d['gc_reads'])} of the reads during GC and "
         f"{pct(d['slow_outside_gc'], normal)} of the others; "
         f"{pct(d['reads'] - d['kept'], d['reads'])} removed as noise.",
@@ -122,6 +138,9 @@ def markdown(res: dict, run: dict) -> str:
         "",
         *(["The hook's `probe_every` (default 64, used above) on the training traces:", "",
             ablation_table(res), ""] if res.get("probe_every_on_training_traces") else []),
+        *(["What the hook's history (the last three completions on the primary) holds when "
+           "a read arrives, on the training traces:", "", history_table(res), ""]
+          if res.get("history_on_training_traces") else []),
         "## kmlc",
         "",
         f"`{k['compile']}`:",

@@ -83,6 +83,9 @@ def parse_args(argv):
     p.add_argument("--build", type=Path, help="where kmlc writes the compiled models "
                    "(default: OUT/../build, or OUT/build for --out)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--labels", choices=("all", "reads"), default="all",
+                   help="period labels over every I/O on the primary, as Heimdall's artifact "
+                   "(default), or over the reads alone")
     a = p.parse_args(argv)
     if a.seeds is not None and a.seeds < 2:
         p.error("--seeds must be at least 2")
@@ -141,7 +144,7 @@ def main(argv=None) -> int:
     # 1-2. training data
     t0 = time.perf_counter()
     seeds = range(TRAIN_SEEDS, TRAIN_SEEDS + S["train_seeds"])
-    heim, lin, blk, dstats = train.collect(seeds, S["train_cfg"])
+    heim, lin, blk, dstats = train.collect(seeds, S["train_cfg"], a.labels)
     stage("training data (baseline on the training traces, labels)", t0)
 
     # 3. models
@@ -223,11 +226,14 @@ def main(argv=None) -> int:
         per_seed = [evaluate.run_seed(s, S["eval_cfg"], dirs) for s in eval_seeds]
     agg = evaluate.aggregate(per_seed)
     stage(f"evaluation: {len(eval_seeds)} seeds x {len(evaluate.POLICIES)} policies", t0)
-    ablation = None
+    ablation = mix = None
     if not a.quick:
         t0 = time.perf_counter()
         ablation = evaluate.probe_ablation(seeds, S["train_cfg"], dirs)
         stage("probe_every ablation on the training traces", t0)
+        t0 = time.perf_counter()
+        mix = evaluate.history_mix(seeds, S["train_cfg"], dirs)
+        stage("the hook's history on the training traces", t0)
 
     # 6. results
     from admission import report
@@ -235,6 +241,7 @@ def main(argv=None) -> int:
     results = evaluate.rounded({
         "command": " ".join(["python", "examples/admission/run.py", *(argv or sys.argv[1:])]),
         "settings": {"train_seeds": list(seeds), "eval_seeds": [eval_seeds[0], eval_seeds[-1]],
+                     "labels": a.labels,
                      "epochs": S["epochs"], "train_cfg": vars(S["train_cfg"]),
                      "eval_cfg": vars(S["eval_cfg"])},
         "training_data": dstats,
@@ -244,6 +251,7 @@ def main(argv=None) -> int:
                  "hook_frac": twin.hook_frac.tolist()},
         "policies": agg,
         "probe_every_on_training_traces": ablation,
+        "history_on_training_traces": mix,
         "seeds": [{"trace": r["trace"][0], **{k: r[k][0] for k in evaluate.POLICIES}}
                   for r in per_seed],
     }, 5)

@@ -14,8 +14,9 @@ A read's latency is the time from its arrival to its completion on the
 replica that served it (the first of two copies for hedging): queueing plus
 service.  Writes go to both replicas and are not reported.
 
-Policies (``route`` picks the replica of each read; ``dispatched`` and
-``completed`` see every I/O a replica receives and finishes):
+Policies (``route`` picks the replica of each read; ``write`` sees each
+copy of a write as it is sent, ``dispatched`` and ``completed`` every I/O a
+replica receives and finishes):
 
   baseline   every read to its primary
   random     each read to a replica chosen uniformly at random (Heimdall
@@ -25,8 +26,10 @@ Policies (``route`` picks the replica of each read; ``dispatched`` and
              replica and the first response wins; the slower copy still
              runs (Heimdall's hedging replayer does not cancel it)
   c3         C3's replica ranking (Suresh et al., NSDI'15, §4.1), see C3
-  heimdall   the learned model behind the kmlc admission hook (AdmissionHook)
-  linnos     a LinnOS-like model (31 -> 256 -> 2) behind the same hook
+  heimdall   the learned model behind the kmlc admission hook (AdmissionHook;
+             the writes to a replica go through that replica's hook)
+  linnos     a LinnOS-like model (31 -> 256 -> 2) behind the same hook, shown
+             the reads only (as Heimdall's artifact feeds LinnOS)
   linnos_block  the LinnOS-like model with LinnOS's own block-layer view
   oracle     declines exactly the reads that arrive during a GC episode on
              their primary (knows the device state; a ceiling, not a policy)
@@ -59,6 +62,11 @@ class Policy:
         """(replica, token) for read ``i`` of client ``c`` arriving at ``t``;
         the token comes back with its completion."""
         return c, None
+
+    def write(self, d: int, i: int, t: int):
+        """Token for the copy of write ``i`` sent to replica ``d`` at ``t``;
+        it comes back with the copy's completion."""
+        return None
 
     def dispatched(self, d: int, i: int, t: int) -> None:
         """Replica ``d`` received I/O ``i`` (a read, a hedged copy or one of a
@@ -119,9 +127,10 @@ def simulate(tr, policy: Policy) -> Result:
             handle(heapq.heappop(heap))
         if W[i]:
             for d in (0, 1):
+                token = policy.write(d, i, t)
                 svc, done = dispatch(d, i, t)
                 seq += 1
-                heapq.heappush(heap, (done, seq, -1, d, i, WRITE, t, svc, None))
+                heapq.heappush(heap, (done, seq, -1, d, i, WRITE, t, svc, token))
             continue
         c = C[i]
         d, token = policy.route(c, i, t)
@@ -240,7 +249,9 @@ def pages(size: int) -> int:
 
 class HeimdallView:
     """Heimdall's 11 features as the admission hook computes them: the
-    module's own C through ``kmlc.features.AdmissionStream``."""
+    module's own C through ``kmlc.features.AdmissionStream``.  Its history
+    takes every completion the hook records, reads and writes alike."""
+    sees_writes = True
 
     def __init__(self, frac):
         from kmlc.features import AdmissionStream
@@ -258,11 +269,13 @@ class HeimdallView:
 
 
 class LinnOSView:
-    """LinnOS's features over the same view as the hook (the reads this
-    target sends to its primary), as Heimdall's artifact feeds its LinnOS
-    re-implementation (linnos_algo.c: pending pages grow when a read is
-    admitted; the history takes each admitted read's pending pages at
-    issue and latency when it completes).  ``record`` keeps every row."""
+    """LinnOS's features over the reads this target sends to its primary,
+    as Heimdall's artifact feeds its LinnOS re-implementation
+    (linnos_algo.c, linnos/io_replayer.c: pending pages grow when a read is
+    admitted; the history takes each admitted read's pending pages at issue
+    and latency when it completes; writes are not shown to it, so the hook
+    does not pass them on: ``sees_writes``).  ``record`` keeps every row."""
+    sees_writes = False
 
     def __init__(self, record: bool = False):
         self.pend = 0
@@ -285,33 +298,52 @@ class LinnOSView:
         self.hist = self.hist[1:] + [(token, latency_ns // 1000)]
 
 
+READ_DONE, WRITE_DONE = 1, 2            # the kinds of the hook's completion events
+
+
 class AdmissionHook:
     """One kmlc admission target (compiler/codegen/templates/hook_admit.c.j2)
     over (primary, replica), step for step, with the model's features from
     ``view`` and its decision from ``decide`` (1 decline, 0 admit):
 
-    * map(): features from the reads in flight on the primary *through this
-      target* (``inflight``); ``declined`` counts the model's declines, and
-      every ``probe_every``-th decline goes to the primary anyway;
-    * a read sent to the primary records its queue length at submit
-      (``inflight`` before it is counted) and, at end_io(), its latency
-      (from map() to completion: queueing included) and bytes; reads sent
-      to the replica, and writes, are not recorded.
+    * map() of a read (``map``): features from the reads and writes in
+      flight on the primary *through this target* (``inflight``);
+      ``declined`` counts the model's declines, and every
+      ``probe_every``-th decline goes to the primary anyway;
+    * map() of a write (``write``): to the primary, counted in ``inflight``;
+    * a read or write sent to the primary records its queue length at
+      submit (``inflight`` before it is counted) and, at end_io(), its
+      latency (from map() to completion: queueing included) and bytes into
+      the view's history (a view that does not ``sees_writes``, LinnOS's,
+      is given the reads only); reads sent to the replica are not
+      recorded.
 
     With the HeimdallView and ``twin.decide`` this is exactly what the
     module does (the tests replay ``events`` through ``twin.admit_replay``:
-    rows (0, size, inflight, 0) per read, (1, qlen, latency ns, bytes) per
-    completion on the primary)."""
+    rows (0, size, inflight, 0) per read, (1 or 2, qlen, latency ns, bytes)
+    per completion of a read or a write on the primary).  With ``trace``,
+    ``log`` also keeps every I/O sent to the primary in submission order,
+    [1 read or 2 write, bytes, latency ns], for the labels."""
 
     def __init__(self, view, decide, probe_every: int = 64, trace: bool = False):
         self.view, self.decide, self.probe_every = view, decide, probe_every
         self.inflight = 0
-        self.reads = self.declined = self.probes = self.to_replica = 0
+        self.reads = self.declined = self.probes = self.to_replica = self.writes = 0
         self.events = [] if trace else None
         self.decisions = [] if trace else None     # the model's, per read
+        self.log = [] if trace else None
+
+    def _submit(self, kind: int, size: int, vtoken):
+        qlen = self.inflight
+        self.inflight += 1
+        idx = None
+        if self.log is not None:
+            idx = len(self.log)
+            self.log.append([kind, size, None])
+        return kind, qlen, vtoken, idx
 
     def map(self, size: int):
-        """(to the replica?, token for end_io or None)"""
+        """A read: (to the replica?, token for end_io or None)"""
         f = self.view.read(size, self.inflight)
         d = int(self.decide(f))
         if self.events is not None:
@@ -326,21 +358,32 @@ class AdmissionHook:
         self.to_replica += use
         if use:
             return True, None
-        self.inflight += 1
-        return False, (self.inflight - 1, self.view.admitted(size))
+        return False, self._submit(READ_DONE, size, self.view.admitted(size))
+
+    def write(self, size: int):
+        """A write, sent to the primary: the token for end_io."""
+        self.writes += 1
+        return self._submit(WRITE_DONE, size,
+                            self.view.admitted(size) if self.view.sees_writes else None)
 
     def end_io(self, token, latency_ns: int, nbytes: int) -> None:
-        qlen, vtoken = token
+        kind, qlen, vtoken, idx = token
         self.inflight -= 1
-        self.view.complete(vtoken, qlen, latency_ns, nbytes)
+        if kind == READ_DONE or self.view.sees_writes:
+            self.view.complete(vtoken, qlen, latency_ns, nbytes)
         if self.events is not None:
-            self.events.append((1, qlen, latency_ns, nbytes))
+            self.events.append((kind, qlen, latency_ns, nbytes))
+            self.log[idx][2] = latency_ns
 
 
 class Admission(Policy):
     """An admission model behind the kmlc hook: one AdmissionHook per
-    client, primary = the client's replica.  ``view()`` makes each hook's
-    feature state; ``decide(features) -> 0/1``."""
+    replica, its primary; client c's reads go through hook c.  Each copy of
+    a write goes through the hook of the replica it is written to: the
+    storage system writes each replica through the target whose primary it
+    is, so each hook sees every write on its primary, as Heimdall's history
+    does.  ``view()`` makes each hook's feature state; ``decide(features)
+    -> 0/1``."""
 
     def __init__(self, name, size, view, decide, probe_every: int = 64, trace: bool = False):
         self.name, self.size = name, size
@@ -350,13 +393,17 @@ class Admission(Policy):
         to_replica, token = self.hooks[c].map(self.size[i])
         return (1 - c if to_replica else c), token
 
+    def write(self, d, i, t):
+        return self.hooks[d].write(self.size[i])
+
     def completed(self, d, i, kind, t_arrival, svc, done, token, queue):
-        if kind == FIRST and token is not None:       # a read this hook sent to its primary
+        # a read this hook sent to its primary, or a write through it
+        if kind in (FIRST, WRITE) and token is not None:
             self.hooks[d].end_io(token, done - t_arrival, self.size[i])
 
     def counters(self) -> dict:
         return {k: sum(getattr(h, k) for h in self.hooks)
-                for k in ("reads", "declined", "probes", "to_replica")}
+                for k in ("reads", "declined", "probes", "to_replica", "writes")}
 
 
 def heimdall(size, decide, frac, probe_every: int = 64, trace: bool = False) -> Admission:

@@ -1,12 +1,15 @@
 """Training data, labels and models for the admission example.
 
 Data: the baseline policy (every read to its primary) on the training
-traces; each admission target's reads and completions, exactly as the hook
-records them (``sim.AdmissionHook`` with an always-admit decision), go
-through ``kmlc.features.admission``: the module's own feature C, so the
-model trains on the features the module computes (integers; throughput in
-B/us to 1/256).  The labels: Heimdall's period-based labeling with 3-stage
-noise filtering (labeling.py) on the same reads' latencies and sizes.
+traces; each admission target's reads and completions (of reads and
+writes), exactly as the hook records them (``sim.AdmissionHook`` with an
+always-admit decision), go through ``kmlc.features.admission``: the
+module's own feature C, so the model trains on the features the module
+computes (integers; throughput in B/us to 1/256).  The labels: Heimdall's
+period-based labeling with 3-stage noise filtering (labeling.py) over
+every I/O the target sent to its primary, writes included, in submission
+order, of which the reads' labels are kept (``read_labels``), as
+Heimdall's artifact labels its replayed traces.
 
 Split (Heimdall §6: 50:50 train/test): per target, the first half of its
 reads in time trains, the second half tests; no shuffling across the
@@ -47,7 +50,28 @@ class Data:
     gc: np.ndarray = None   # Heimdall: the read arrived during its primary's GC (ground truth)
 
 
-def collect(seeds, cfg) -> tuple[Data, Data, Data, dict]:
+def read_labels(log, label_on: str = "all", limits=None) -> tuple[np.ndarray, np.ndarray]:
+    """Heimdall's period labels for the reads in a hook's ``log`` (every I/O
+    it sent to its primary, in submission order: [1 read or 2 write, bytes,
+    latency ns]), as (labels, keep) per read.  ``label_on="all"``: the
+    labeling runs over every I/O the device served, writes included, and
+    the reads' labels are kept, as Heimdall's artifact does (tail_v1.py
+    labels every I/O of the device's replayed trace, sorted by submission;
+    feat_v6.py then marks writes non-rejectable and keeps the reads).
+    ``"reads"``: over the reads alone (for comparison).  ``limits``:
+    see ``labeling.period_labels``."""
+    log = np.array(log, dtype=np.int64).reshape(-1, 3)
+    if label_on == "reads":
+        log = log[log[:, 0] == 1]
+    elif label_on != "all":
+        raise ValueError(label_on)
+    lat_us = np.maximum(1, log[:, 2] // 1000)           # as the hook floors it
+    y, keep = labeling.period_labels(lat_us, log[:, 1], limits)
+    r = log[:, 0] == 1
+    return y[r], keep[r]
+
+
+def collect(seeds, cfg, label_on: str = "all") -> tuple[Data, Data, Data, dict]:
     """Training data from the baseline on ``seeds``: Heimdall's, and
     LinnOS's over the hook's view and over the block layer's."""
     from kmlc import features
@@ -65,7 +89,6 @@ def collect(seeds, cfg) -> tuple[Data, Data, Data, dict]:
         for r in res[1:]:                       # all three are the baseline
             assert np.array_equal(r.latency_ns, res[0].latency_ns)
         res = res[0]
-        rsize = np.array(tr.size)[~np.array(tr.write)]
         rtime = np.array(tr.t)[~np.array(tr.write)]
         brows = np.array(blk.rows, dtype=np.float64)
         for c in (0, 1):
@@ -74,7 +97,8 @@ def collect(seeds, cfg) -> tuple[Data, Data, Data, dict]:
             ev = np.array(rec.hooks[c].events, np.int64)
             f = features.admission(ev).values
             assert len(f) == m.sum()
-            y, keep = labeling.period_labels(lat_us, rsize[m])
+            y, keep = read_labels(rec.hooks[c].log, label_on)
+            assert len(y) == m.sum()
             half = np.arange(len(y)) < len(y) // 2
             # the device state, which no real system sees (for the diagnostics)
             gc = np.array([tr.gc_episode(c, t) >= 0 for t in rtime[m].tolist()])

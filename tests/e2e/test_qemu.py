@@ -64,9 +64,11 @@ def admission(tmp_path_factory):
 @pytest.mark.kernel
 def test_admission_target_in_real_kernel(admission):
     """Slow primary (10 ms), fast replica: >= 80% of reads redirected, every
-    byte read checksummed, 100 attach/detach cycles under load and 100
-    reload cycles without a kernel warning; then the module's trace replayed
-    through the twin gives the same features and decisions."""
+    byte read checksummed, while 64 KiB writes go through the target (to the
+    primary; the same blocks to the replica, both checksummed); 100
+    attach/detach cycles under load and 100 reload cycles without a kernel
+    warning; then the module's trace, write completions in the history,
+    replayed through the twin gives the same features and decisions."""
     from kmlc.api import load
     from kmlc.targets.hooks import parse_admission_trace, traces
 
@@ -76,14 +78,23 @@ def test_admission_target_in_real_kernel(admission):
     for key in ("kml_heimdall-admission", "kml_heimdall-attach-cycles",
                 "kml_heimdall-reload-cycles"):
         assert "PASS" in summary[key], summary
-    m = re.search(r"reads=(\d+) to_replica=(\d+) checksum_errors=0",
+    m = re.search(r"reads=(\d+) to_replica=(\d+) writes=(\d+) checksum_errors=0",
                   summary["kml_heimdall-admission"])
-    reads, rep = int(m.group(1)), int(m.group(2))
-    assert reads >= 200 and rep >= 0.8 * reads
+    reads, rep, writes = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    assert reads >= 200 and rep >= 0.8 * reads and writes >= 64
     events, feats, decisions = parse_admission_trace(traces(res["log"])["admission"])
     assert len(decisions) == reads
+    # every write completed on the primary and entered the history, between reads
+    kinds = events[:, 0]
+    assert (kinds == 2).sum() == writes
+    first_read = np.flatnonzero(kinds == 0)[0]
+    assert (kinds[first_read:] == 2).any()
     tf, td = load(admission).admit_replay(events)
     assert np.array_equal(tf, feats) and np.array_equal(td, decisions)
+    # and the history the model saw holds them: replaying without the
+    # write completions gives other features
+    rf, _ = load(admission).admit_replay(events[kinds != 2])
+    assert not np.array_equal(rf, feats)
 
 
 def test_admission_hook_checks_the_model(tmp_path):

@@ -117,20 +117,41 @@ def test_linnos_digits_and_view():
 def test_hook_bookkeeping_hand_computed():
     from kmlc.features import ADMIT_FRAC
 
-    # three overlapping reads on 4 servers, 100 us each, always admitted
-    tr = hand_trace([(0, 0, 0, 4096), (1, 0, 0, 8192), (2, 0, 0, 4096)], units=4,
-                    normal=[[100] * 3, [100] * 3])
-    pol = sim.heimdall(tr.size, lambda f: 0, ADMIT_FRAC, trace=True)
+    # a write at 0 (to both replicas: each copy through the hook of its replica),
+    # then reads; 4 servers per replica, reads 100 us, the write 50 us on
+    # replica 0 and 30 us on replica 1; always admitted
+    tr = hand_trace([(0, 0, 1, 8192), (1, 0, 0, 4096), (2, 1, 0, 4096), (3, 0, 0, 8192),
+                     (60, 0, 0, 4096)], units=4,
+                    normal=[[50, 100, 100, 100, 100], [30, 100, 100, 100, 100]])
+    seen = []
+    pol = sim.heimdall(tr.size, lambda f: seen.append(f.tolist()) or 0, ADMIT_FRAC, trace=True)
     sim.simulate(tr, pol)
-    assert pol.hooks[0].events == [(0, 4096, 0, 0), (0, 8192, 1, 0), (0, 4096, 2, 0),
-                                   (1, 0, 100_000, 4096), (1, 1, 100_000, 8192),
-                                   (1, 2, 100_000, 4096)]
-    assert pol.hooks[0].inflight == 0 and pol.hooks[1].events == []
+    h0, h1 = pol.hooks
+    # reads: (0, size, reads and writes in flight); completions: (1 read / 2 write,
+    # queue length at submit, latency ns, bytes), the write done at 50 us
+    assert h0.events == [(0, 4096, 1, 0), (0, 8192, 2, 0), (2, 0, 50_000, 8192),
+                         (0, 4096, 2, 0), (1, 1, 100_000, 4096), (1, 2, 100_000, 8192),
+                         (1, 2, 100_000, 4096)]
+    assert h1.events == [(0, 4096, 1, 0), (2, 0, 30_000, 8192), (1, 1, 100_000, 4096)]
+    assert h0.log == [[2, 8192, 50_000], [1, 4096, 100_000], [1, 8192, 100_000],
+                      [1, 4096, 100_000]]
+    assert (h0.writes, h1.writes, h0.inflight, h1.inflight) == (1, 1, 0, 0)
+    # the features the model saw: the read at 60 us has the write in its history
+    # (50 us, 8192 / 50 = 163.84 B/us -> 41943 / 256)
+    assert seen == [[4096, 1] + [0] * 9, [4096, 1] + [0] * 9, [8192, 2] + [0] * 9,
+                    [4096, 2, 0, 0, 0, 50, 0, 0, 41943, 0, 0]]
+    # LinnOS behind the same hook is shown the reads only (as Heimdall's artifact
+    # feeds it): 4 pages pending (1 + 2 + this read's 1), no completion yet
+    lin = sim.linnos(tr.size, record=True)
+    sim.simulate(tr, lin)
+    assert lin.hooks[0].view.rows[2] == [0] * 14 + [4] + [0] * 16
     # always decline, probe every 4th decline: reads 4 and 8 go to the primary
     hook = sim.AdmissionHook(sim.HeimdallView(ADMIT_FRAC), lambda f: 1, probe_every=4)
     went = [hook.map(4096)[0] for _ in range(10)]
     assert went == [True, True, True, False, True, True, True, False, True, True]
     assert (hook.declined, hook.probes, hook.to_replica, hook.inflight) == (10, 2, 8, 2)
+    token = hook.write(4096)
+    assert (hook.writes, hook.inflight) == (1, 3) and token[:2] == (sim.WRITE_DONE, 2)
 
 
 def test_simulation_is_closed_loop_and_deterministic():
@@ -172,6 +193,27 @@ def test_period_labels_hand_made():
     assert np.flatnonzero(~keep).tolist() == [3, 9, 11, 12]
 
 
+def test_period_labels_over_every_io_on_the_primary():
+    """Heimdall's artifact labels every I/O of the device, writes included,
+    and keeps the reads' labels: a fast write before a slow read makes the
+    throughput drop that starts a period, which the reads alone do not show."""
+    from admission import train
+
+    # (kind, latency us, throughput B/us); thresholds as above
+    seq = [(1, 50, 80), (2, 20, 1000), (1, 200, 50), (1, 200, 50), (1, 200, 50),
+           (1, 200, 50), (1, 50, 100), (1, 50, 100), (1, 50, 100), (1, 50, 100)]
+    log = [[k, lat * tp, lat * US] for k, lat, tp in seq]
+    limits = (100, 50, 60, 60)
+    y, keep = train.read_labels(log, "all", limits)
+    # read 2 drops 1000 / 50.1 from the write: a period, ended by read 6
+    assert y.tolist() == [0, 1, 1, 1, 1, 0, 0, 0, 0] and keep.all()
+    # the reads alone: 80 / 50.1 < 1.7 starts nothing, and the slow reads
+    # outside a period are stage-2 noise
+    y, keep = train.read_labels(log, "reads", limits)
+    assert y.tolist() == [0] * 9
+    assert keep.tolist() == [True, False, False, False, False, True, True, True, True]
+
+
 def test_cutoff_labels():
     # IP at 20 us, at the 87.3th percentile; the cutoff is the latency there,
     # and a read at the cutoff is slow (LinnOS's training script: fast if < cutoff)
@@ -211,6 +253,10 @@ def test_learned_policy_is_the_modules_decisions(tmp_path):
         assert dec.tolist() == hook.decisions
         assert hook.to_replica == hook.declined - hook.probes
         assert out.rerouted[out.client == c].sum() == hook.to_replica
+        # every write reached each replica through its hook, and its completion
+        # is in the history the model decided on
+        assert hook.writes == sum(tr.write) == (ev[:, 0] == 2).sum()
+        assert not np.array_equal(twin.admit_replay(ev[ev[:, 0] != 2])[0], feats)
     declined = sum(h.declined for h in pol.hooks)
     assert 0 < declined < len(out.latency_ns)
 

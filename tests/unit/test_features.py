@@ -169,13 +169,14 @@ def test_admission_extractor_is_the_modules(tmp_path):
     from conftest import EXAMPLES, seed_models
     from kmlc import features
     from kmlc.api import compile as kcompile, load
+    from kmlc.errors import KmlcError
 
     out = tmp_path / "adm"
     kcompile(EXAMPLES / "heimdall.onnx", out, numerics="fixed", hooks=["admission"],
              targets=["kernel", "user"],
              calibration=seed_models.sample_inputs("heimdall", 500, seed=1))
     rng = np.random.default_rng(4)
-    kinds = rng.integers(0, 2, 3000)
+    kinds = rng.integers(0, 3, 3000)          # reads, read and write completions
     slow = (np.arange(3000) // 500) % 2 == 1  # alternating fast and slow periods
     lat_ns = rng.lognormal(np.where(slow, 8.5, 5.5), 0.5) * 1000
     ev = np.stack([kinds, np.where(kinds == 0, 2 ** rng.integers(12, 18, 3000),
@@ -191,6 +192,34 @@ def test_admission_extractor_is_the_modules(tmp_path):
     assert np.array_equal(got.raw, feats)
     assert np.array_equal(twin.decide(got.raw), decisions)
     assert 0 < decisions.sum() < len(decisions)  # both decisions occur
+    # a write's completion enters the history exactly as a read's does
+    as_reads = ev.copy()
+    as_reads[kinds == 2, 0] = 1
+    assert np.array_equal(twin.admit_replay(as_reads)[0], feats)
+    with pytest.raises(KmlcError, match="returned -22"):   # -EINVAL: no such kind
+        twin.admit_replay(np.array([[3, 0, 0, 0]]))
+
+
+def test_admission_history_takes_writes():
+    """Hand-computed: the queue length and the last three completions count
+    reads and writes alike (Heimdall's features, docs/hooks.md)."""
+    from kmlc import features
+
+    ev = [(1, 0, 2_500, 4096),        # a read done: 2 us (floored from 2.5), 4096 B
+          (0, 16384, 1, 0),           # a read offered with 1 I/O in flight
+          (2, 3, 999, 65536),         # a write done: 999 ns -> 1 us, 65536 B, 3 ahead
+          (2, 1, 10_000_000, 1 << 20),  # a write done: 10 ms, 1 MiB
+          (0, 8192, 4, 0)]            # a read offered with 4 I/Os in flight
+    got = features.admission(np.array(ev, np.int64))
+    assert got.frac.tolist() == [0] * 8 + [8] * 3
+    # size, qlen, past qlen x3, latency us x3, throughput B/us x3 (x256: 8 fraction bits)
+    assert got.raw.tolist() == [
+        [16384, 1, 0, 0, 0, 2, 0, 0, 2048 * 256, 0, 0],
+        [8192, 4, 1, 3, 0, 10_000, 1, 2, round((1 << 20) / 10_000 * 256), 65536 * 256,
+         2048 * 256]]
+    s = features.AdmissionStream()
+    s.complete(0, 2_500, 4096)
+    assert s.read(16384, 1).tolist() == got.raw[0].tolist()
 
 
 def test_extractors_reject_bad_events():
@@ -202,7 +231,7 @@ def test_extractors_reject_bad_events():
     with pytest.raises(KmlcError, match="time order"):
         features.readahead(np.array([[5, 0, 0, 0], [4, 0, 1, 0]]))
     with pytest.raises(KmlcError, match="kind 0"):
-        features.admission(np.array([[2, 0, 0, 0]]))
+        features.admission(np.array([[3, 0, 0, 0]]))
     with pytest.raises(KmlcError, match="integers"):
         features.admission(np.zeros((1, 4)))
 
@@ -222,13 +251,13 @@ def test_streams_equal_batch_extraction():
     assert [i for i, _ in got] == want.closed_by.tolist()
     assert np.array_equal(np.array([f for _, f in got]), want.raw)
 
-    kinds = rng.integers(0, 2, n)
+    kinds = rng.integers(0, 3, n)             # reads, read and write completions
     aev = np.stack([kinds, rng.integers(1, 2**20, n), rng.integers(0, 10**8, n),
                     rng.integers(512, 2**20, n)], 1)
     a = features.AdmissionStream()
     rows = [a.read(e[1], e[2]) if e[0] == 0 else a.complete(e[1] % 64, e[2], e[3])
             for e in aev.tolist()]
-    aev[kinds == 1, 1] %= 64
+    aev[kinds != 0, 1] %= 64
     assert np.array_equal(np.array([r for r in rows if r is not None]),
                           features.admission(aev).raw)
 
