@@ -23,7 +23,11 @@ setup(
     },
     install_requires=["numpy>=1.24", "onnx>=1.15", "onnxruntime>=1.17", "jinja2>=3.1",
                       "click>=8.1"],
-    extras_require={"test": ["pytest>=7"], "torch": ["torch>=2.4", "onnxscript"],
-                    "tvm": ["apache-tvm>=0.27,<0.28"]},
+    extras_require={
+        "test": ["pytest>=7", "matplotlib>=3.5"],   # matplotlib: the examples' plots
+        "torch": ["torch>=2.4", "onnxscript"],
+        "tvm": ["apache-tvm>=0.27,<0.28"],
+        "bench": ["apache-tvm>=0.27,<0.28", "matplotlib>=3.5"],
+    },
     entry_points={"console_scripts": ["kmlc=kmlc.cli:main"]},
 )

@@ -32,6 +32,7 @@ class Buffer:
     data: np.ndarray | None = None
     offset: int = 0
     value: str = ""    # the IR value it was created for, for comments
+    layout: str = ""   # for 2-D constants: what a row holds, for comments
 
     @property
     def nbytes(self) -> int:

@@ -54,6 +54,53 @@ static inline s64 kml_requant(s64 acc, u32 mult, unsigned int shift)
 	return kml_with_sign(acc, m);
 }
 
+/* The s64 whose two's complement bits are v (no implementation-defined cast). */
+static inline s64 kml_s64_from_u64(u64 v)
+{
+	return v >> 63 ? -(s64)~v - 1 : (s64)v;
+}
+
+/*
+ * Paired outputs (passes/lower.py): two outputs' sums share one 128-bit
+ * accumulator p = lo + hi * 2^bits, built with weights packed as
+ * w_lo + w_hi * 2^bits, so that one 64 x 64 -> 128-bit multiply adds both
+ * products.  Exact whenever |lo| < 2^(bits - 1), which the overflow proof
+ * guarantees for every partial sum.  kml_pair_split(p, bits, a) stores lo
+ * in a[0] and hi in a[1]; bits <= 62.
+ */
+static inline s64 kml_pair_lo(__int128 p, unsigned int bits)
+{
+	u64 half = 1ULL << (bits - 1);
+
+	return (s64)(((u64)p & (2 * half - 1)) ^ half) - (s64)half;
+}
+
+static inline s64 kml_pair_hi(__int128 p, unsigned int bits)
+{
+	__uint128_t q = (__uint128_t)(p - kml_pair_lo(p, bits));
+
+	return kml_s64_from_u64((u64)(q >> bits));
+}
+
+static inline void kml_pair_split(__int128 p, unsigned int bits, s64 *a)
+{
+	a[0] = kml_pair_lo(p, bits);
+	a[1] = kml_pair_hi(p, bits);
+}
+
+/*
+ * kml_requant(acc, mult, shift) for acc >= 0, and 0 for acc < 0.  Where a
+ * clamp at or above the zero point follows (ReLU), a negative sum, whose
+ * requantized value is <= 0, ends at the clamp's floor either way, so the
+ * sign handling can go.  Requires |acc| * mult < 2^63, shift <= 62.
+ */
+static inline s64 kml_requant_relu(s64 acc, u32 mult, unsigned int shift)
+{
+	u64 m = (acc > 0 ? (u64)acc : 0) * mult;
+
+	return (s64)((m + ((1ULL << shift) >> 1)) >> shift);
+}
+
 static inline s64 kml_clamp(s64 v, s64 lo, s64 hi)
 {
 	return v < lo ? lo : v > hi ? hi : v;

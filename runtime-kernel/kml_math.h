@@ -125,4 +125,119 @@ static inline float kml_clipf(float x, float lo, float hi)
 	return x > hi ? hi : x;
 }
 
+/*
+ * Four float32 lanes in one SSE register (GNU C vectors).  Every operation
+ * below works lane by lane and rounds exactly like the scalar operation it
+ * mirrors, in the same order, so lane i of kml_expf_x4(x) has the bits of
+ * kml_expf(x[i]), and so on (tests/unit/test_fmath_x4.py checks every
+ * function against its scalar twin).  Dense kernels use these to run four
+ * outputs side by side: a lane's sum is the scalar loop's sum, bit for bit.
+ * Comparisons give a kml_s32x4 mask: all ones where true.
+ */
+typedef float kml_f32x4 __attribute__((vector_size(4 * sizeof(s32))));
+typedef s32 kml_s32x4 __attribute__((vector_size(4 * sizeof(s32))));
+
+static inline kml_f32x4 kml_f32x4_splat(float x)
+{
+	return (kml_f32x4){ x, x, x, x };
+}
+
+/* Loads and stores of four floats at any float-aligned address. */
+static inline kml_f32x4 kml_f32x4_load(const float *p)
+{
+	kml_f32x4 v;
+
+	__builtin_memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+static inline void kml_f32x4_store(float *p, kml_f32x4 v)
+{
+	__builtin_memcpy(p, &v, sizeof(v));
+}
+
+/* Lanes where mask is all ones take a, the others b (bit for bit). */
+static inline kml_f32x4 kml_select_x4(kml_s32x4 mask, kml_f32x4 a, kml_f32x4 b)
+{
+	return (kml_f32x4)((mask & (kml_s32x4)a) | (~mask & (kml_s32x4)b));
+}
+
+static inline kml_f32x4 kml_pow2f_x4(kml_s32x4 n)
+{
+	return (kml_f32x4)((n + 127) << 23);
+}
+
+/*
+ * kml_expf on four lanes.  The special lanes (NaN, overflow, underflow)
+ * run the polynomial on 0 instead, so no conversion sees an out-of-range
+ * value, and take their special result at the end.
+ */
+static inline kml_f32x4 kml_expf_x4(kml_f32x4 x)
+{
+	kml_s32x4 nan = x != x, big = x > 88.7228317f, tiny = x < -103.972084f;
+	kml_f32x4 zero = kml_f32x4_splat(0.0f);
+	kml_f32x4 xs = kml_select_x4(nan | big | tiny, zero, x);
+	kml_f32x4 t, fn, r, z, p;
+	kml_s32x4 n, n1;
+
+	t = xs * 1.44269504f;
+	n = __builtin_convertvector(kml_select_x4(t >= 0.0f, t + 0.5f, t - 0.5f), kml_s32x4);
+	fn = __builtin_convertvector(n, kml_f32x4);
+	r = xs - fn * 0.693359375f;
+	r = r - fn * -2.12194440e-4f;
+	z = r * r;
+
+	p = kml_f32x4_splat(1.9875691500e-4f);
+	p = p * r + 1.3981999507e-3f;
+	p = p * r + 8.3334519073e-3f;
+	p = p * r + 4.1665795894e-2f;
+	p = p * r + 1.6666665459e-1f;
+	p = p * r + 5.0000001201e-1f;
+	p = p * z + r + 1.0f;
+
+	n1 = n / 2;
+	p = p * kml_pow2f_x4(n1) * kml_pow2f_x4(n - n1);
+	p = kml_select_x4(tiny, zero, p);
+	p = kml_select_x4(big, kml_f32x4_splat(kml_f32_from_bits(0x7f800000)), p);
+	return kml_select_x4(nan, x, p);
+}
+
+static inline kml_f32x4 kml_sigmoidf_x4(kml_f32x4 x)
+{
+	kml_s32x4 pos = x >= 0.0f;
+	kml_f32x4 e = kml_expf_x4(kml_select_x4(pos, -x, x));
+
+	return kml_select_x4(pos, kml_f32x4_splat(1.0f), e) / (1.0f + e);
+}
+
+static inline kml_f32x4 kml_tanhf_x4(kml_f32x4 x)
+{
+	kml_s32x4 neg = x < 0.0f;
+	kml_f32x4 ax = kml_select_x4(neg, -x, x);
+	kml_f32x4 z = x * x, big;
+
+	z = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z
+	       - 5.37397155531e-2f) * z + 1.33314422036e-1f) * z
+	     - 3.33332819422e-1f) * z * x + x;
+	big = 1.0f - 2.0f / (kml_expf_x4(ax + ax) + 1.0f);
+	big = kml_select_x4(neg, -big, big);
+	return kml_select_x4(ax < 0.625f, z, big);
+}
+
+static inline kml_f32x4 kml_reluf_x4(kml_f32x4 x)
+{
+	return kml_select_x4(x < 0.0f, kml_f32x4_splat(0.0f), x);
+}
+
+static inline kml_f32x4 kml_leaky_reluf_x4(kml_f32x4 x, float alpha)
+{
+	return kml_select_x4(x < 0.0f, alpha * x, x);
+}
+
+static inline kml_f32x4 kml_clipf_x4(kml_f32x4 x, float lo, float hi)
+{
+	x = kml_select_x4(x < lo, kml_f32x4_splat(lo), x);
+	return kml_select_x4(x > hi, kml_f32x4_splat(hi), x);
+}
+
 #endif /* KML_MATH_H */

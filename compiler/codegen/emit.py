@@ -64,6 +64,17 @@ def act_call(act: str, params: dict, e: str) -> str:
     return f"kml_{act}f({e})"
 
 
+def act_call_x4(act: str, params: dict, e: str) -> str:
+    """``act_call`` on four lanes (kml_math.h's *_x4 twins)."""
+    if act == "none":
+        return e
+    if act == "leaky_relu":
+        return f"kml_leaky_reluf_x4({e}, {cfloat(params['alpha'])})"
+    if act == "clip":
+        return f"kml_clipf_x4({e}, {cfloat(params['min'])}, {cfloat(params['max'])})"
+    return f"kml_{act}f_x4({e})"
+
+
 def nest(body: str, loops, depth: int = 1) -> str:
     """Wrap ``body`` (C statements, tab-indented relative to 0) in ``for``
     loops over ``loops`` = [(var, extent)], kernel style: braces only around
@@ -134,15 +145,18 @@ def matmul_view(k: Kernel) -> dict:
         "outer": outer,
         "cols": [] if p["n"] == 1 else [("j", p["n"])],
         "A0": at("a", ops["a"], a_terms, zero | {"k"}),
-        "B0": at("b", ops["b"], b_terms, zero | {"k"}),
         "A": at("a", ops["a"], a_terms, zero),
-        "B": at("b", ops["b"], b_terms, zero),
         "Y": at("y", ops["y"], y_terms, zero),
         "vars": [x for x, _ in outer] + (["j"] if p["n"] > 1 else [])
         + (["k"] if p["k"] > 1 else []),
     }
+    if "b" in ops:  # tiled weights ("w", "w_tail") are spelled by the template
+        v["B0"] = at("b", ops["b"], b_terms, zero | {"k"})
+        v["B"] = at("b", ops["b"], b_terms, zero)
+    name = lambda r: ops[r].name if ops[r].kind == "const" else r  # noqa: E731
     c = None
     if "c" in ops:
+        assert p.get("order") != "tiles" or p["c"][1] == 1, "tiled epilogue needs contiguous C"
         c = at("c", ops["c"], [("i", p["c"][0]), ("j", p["c"][1])], zero)
 
     def epilogue(e: str) -> str:
@@ -152,9 +166,21 @@ def matmul_view(k: Kernel) -> dict:
             e = f"{e} + {cfloat(p['beta'])} * {c}" if p["beta"] is not None else f"{e} + {c}"
         return act_call(p["act"], p["act_params"], e)
 
+    def pre_x4(e: str) -> str:
+        """The epilogue before the activation on four lanes, outputs j..j+3
+        (tiled kernels: m = 1, and C, if any, contiguous along j)."""
+        if p["alpha"] is not None:
+            e = f"{cfloat(p['alpha'])} * {e}"
+        if c is not None:
+            cv = f"kml_f32x4_load({name('c')} + j)"
+            e = f"{e} + {cfloat(p['beta'])} * {cv}" if p["beta"] is not None else f"{e} + {cv}"
+        return e
+
     v["epilogue"] = epilogue
-    name = lambda r: ops[r].name if ops[r].kind == "const" else r  # noqa: E731
-    e = f"{name('a')} @ {name('b')}"
+    v["pre_x4"] = pre_x4
+    v["act_x4"] = lambda e: act_call_x4(p["act"], p["act_params"], e)  # noqa: E731
+    wname = name("b") if "b" in ops else (ops.get("w") or ops["w_tail"]).name
+    e = f"{name('a')} @ {wname}"
     if p["alpha"] is not None:
         e = f"{cfloat(p['alpha'])} * {e}"
     if c is not None:
@@ -175,7 +201,8 @@ def q_output(p: dict, v: str, mult: str, shift: str, raw: bool = False) -> str:
     """The output stage of a fixed-point kernel: requantize ``v`` (unless
     ``raw``: already requantized), then clamp (with a zero point) or look up
     the nonlinearity."""
-    r = v if raw else requant_call(v, mult, shift)
+    r = v if raw else (f"kml_requant_relu({v}, {mult}, {shift})" if p.get("requant") == "relu"
+                       else requant_call(v, mult, shift))
     if p["mode"] == "lut":
         return f"kml_{p['fn']}_q15(kml_sat_s32({r}))"
     zp = p.get("zp", 0)
@@ -203,11 +230,13 @@ def cvalue(x) -> str:
 
 
 def initializer(data: np.ndarray, indent: int = 1) -> str:
-    """Lines of a C initializer for ``data`` (1-D or 2-D), wrapped."""
+    """Lines of a C initializer for ``data`` (any rank), wrapped."""
     pad = "\t" * indent
     if data.ndim == 1:
         text = ", ".join(cvalue(x) for x in data) + ","
         return "\n".join(pad + ln for ln in textwrap.wrap(text, LINE - 8 * indent))
+    if data.ndim > 2:
+        return "\n".join(f"{pad}{{\n{initializer(sub, indent + 1)}\n{pad}}}," for sub in data)
     rows = []
     for row in data:
         text = ", ".join(cvalue(x) for x in row)
@@ -238,6 +267,8 @@ def macro_init(values) -> str:
 
 
 def const_layout(b: Buffer) -> str:
+    if b.layout:
+        return b.layout
     rows, cols = b.data.shape
     if b.dtype.name == "f32":
         return f"{rows} inputs x {cols} outputs, row k holds input k's weights"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KmlcError
-from ..ir import F32, I32, U8, U32, Graph, Value, c_identifier, fresh_namer
+from ..ir import F32, I16, I32, I64, U8, U32, Graph, Value, c_identifier, fresh_namer
 from ..schedule import Buffer, Kernel, Port, Program
 
 C_RESERVED = {
@@ -33,7 +33,8 @@ C_RESERVED = {
     "typedef", "union", "unsigned", "void", "volatile", "while",
     # names the templates use for parameters and locals
     "in", "out", "workspace", "ws", "ret", "a", "b", "c", "x", "y", "i", "j", "k", "o", "q",
-    "acc", "m", "s", "best", "v", "e",
+    "acc", "m", "s", "best", "v", "e", "n", "t", "xk", "ak", "w", "w_tail",
+    *(f"{p}{i}" for p in "apsv" for i in range(16)),
 }
 
 
@@ -67,6 +68,37 @@ def coalesce(extents, *strides) -> list[tuple[int, tuple[int, ...]]]:
     return merged
 
 
+# Dense layers by constant weights walk their outputs in tiles: a tile's
+# accumulators stay in registers for the whole sum over k, and its weights
+# are stored tile by tile, input-major inside the tile, so the kernel
+# streams them in order.  Float tiles are 16 outputs (four SSE vectors of
+# four lanes, the most x86-64's 16 SSE registers hold with room to spare);
+# each lane is one output's sum, taken in index order, so the bits are the
+# scalar loop's.
+F32_TILE = 16
+F32_LANES = 4
+
+# Fixed point: the kernel's integer code is scalar (no SSE), so each output
+# of a tile is one accumulator in a general-purpose register; four leave
+# room for the pointers and counters among x86-64's 16 without spilling.
+# Integer sums are exact in any order (the overflow proof bounds every
+# partial sum), so tiling cannot change a bit.
+QDENSE_TILE = 4
+# Paired outputs: where every partial sum is below 2^46 in magnitude, two
+# outputs share one 128-bit accumulator, lo + hi * 2^47, and one 64 x 64 ->
+# 128-bit multiply by the packed weight w[k][2j] + w[k][2j+1] * 2^47 adds
+# both products (|w| <= 2^15 keeps the packed weight in s64).  Half the
+# multiplies, twice the weight bytes (s64 per pair instead of two s16), so
+# only for int16 weights (--weight-bits 8 asks for small weights and keeps
+# one byte each) and only for layers whose packed weights stay within
+# PAIR_MAX_BYTES: large layers keep their int16 footprint, which also keeps
+# a model that fit the default weight budget fitting it.  kml_pair_split in
+# kml_fixed.h takes the sums apart.  Four pairs per tile.
+PAIR_BITS = 47
+PAIR_TILE = 4
+PAIR_MAX_BYTES = 256 << 10
+
+
 class _Lowering:
     def __init__(self, g: Graph, numerics: str):
         self.g = g
@@ -96,6 +128,35 @@ class _Lowering:
         return Buffer(self.cname(f"k{len(self.kernels)}_{role}"), dtype, data.size, "const",
                       data, value=f"{role} of kernel k{len(self.kernels)}")
 
+    def tiles(self, wkn: np.ndarray, dtype, width: int, value: str, unit: str = "outputs",
+              merge: bool = True, last_in_tail: bool = False) -> tuple[dict, dict]:
+        """Input-major weights ``wkn`` [K, N] cut into tiles of ``width``
+        outputs: operands ``w`` [T][K][width] for the T full tiles and
+        ``w_tail`` [K][R] for the R = N % width outputs left (either may be
+        absent), and the tiling parameters."""
+        k, n = wkn.shape
+        t, r = divmod(n, width)
+        if t == 0 or (t == 1 and merge):  # below 2 * width: one block, one pass over x
+            t, r = 0, n
+        if last_in_tail and not r:  # the last column needs the tail's own code
+            t, r = t - 1, width
+        params = {"count": t, "width": width, "tail": r, "tail_start": t * width}
+        out = {}
+        idx = len(self.kernels)
+        if t:
+            data = np.ascontiguousarray(wkn[:, :t * width].reshape(k, t, width).transpose(1, 0, 2),
+                                        dtype=dtype.np)
+            out["w"] = Buffer(self.cname(f"k{idx}_w"), dtype, data.size, "const", data,
+                              value=value, layout=f"{t} tiles x {k} inputs x {width} {unit}: "
+                              f"[t][k] holds input k's weights for tile t")
+        if r:
+            data = np.ascontiguousarray(wkn[:, t * width:], dtype=dtype.np)
+            what = f"{unit} {t * width} to {n - 1}" if t else f"{n} {unit}"
+            out["w_tail"] = Buffer(self.cname(f"k{idx}_w" + ("_tail" if t else "")), dtype,
+                                   data.size, "const", data, value=value,
+                                   layout=f"{k} inputs x {what}: row k holds input k's weights")
+        return out, params
+
     def operand(self, v: Value, role: str) -> Buffer:
         if v.is_const:
             return self.const(v, role, dtype=F32 if self.numerics == "float" else None)
@@ -121,11 +182,17 @@ class _Lowering:
         x, w = op.inputs[:2]
         c = op.inputs[2] if len(op.inputs) == 3 else None
         p = dict(batch=[], alpha=None, beta=None, act="none", act_params={})
+        tiled = False
         if kind == "dense":
             k, n = w.type.shape
             m = x.type.numel // k
-            ops = {"a": self.operand(x, "a"),
-                   "b": self.const(w, "w", (k, n)) if w.is_const else self.buf[w]}
+            tiled = w.is_const and m == 1 and n >= F32_LANES
+            ops = {"a": self.operand(x, "a")}
+            if tiled:
+                bufs, tiling = self.tiles(np.asarray(w.data, np.float32), F32, F32_TILE, w.name)
+                ops.update(bufs)
+            else:
+                ops["b"] = self.const(w, "w", (k, n)) if w.is_const else self.buf[w]
             p.update(a=(k, 1), b=(n, 1), c=None, act=op.attrs["act"],
                      act_params=op.attrs.get("act_params", {}), alpha=op.attrs.get("alpha"))
             if c is not None:
@@ -155,16 +222,33 @@ class _Lowering:
                                   [s * m * n for s in sy_b])
             ops = {"a": self.operand(x, "a"), "b": self.operand(w, "w")}
             p.update(a=(k, 1), b=(n, 1), c=None)
-        ops["y"] = y
         order = "kn" if p["b"][1] == 1 and n >= 4 else "dot"
+        if tiled:
+            order = "tiles"
+            p["tiles"] = dict(tiling, lanes=F32_LANES)
+        ops["y"] = y
         self.kernel("matmul", op, ops, m=m, n=n, k=k, order=order, **p)
 
     def qdense(self, op, y):
         x, w, b = op.inputs
         a = op.attrs
         n, k = w.type.shape
-        ops = {"x": self.operand(x, "x"), "w": self.const(w, "w", (n, k)),
-               "b": self.const(b, "bias"), "mult": self.array("mult", a["mult"], U32),
+        # Tiles of outputs: x[k] is loaded once per tile, the tile's
+        # accumulators stay in registers, its weights are adjacent.
+        wkn = np.asarray(w.data, np.int64).T
+        if n >= 2 and w.type.dtype == I16 and a["acc_bound"] < 2**(PAIR_BITS - 1) \
+                and k * ((n + 1) // 2) * 8 <= PAIR_MAX_BYTES:
+            if n % 2:  # the last output's partner is a zero column
+                wkn = np.concatenate([wkn, np.zeros((k, 1), np.int64)], axis=1)
+            packed = wkn[:, 0::2] + wkn[:, 1::2] * (1 << PAIR_BITS)
+            wtiles, tiling = self.tiles(packed, I64, PAIR_TILE, w.name,
+                                        unit=f"output pairs (w[2j] + w[2j+1] * 2^{PAIR_BITS})",
+                                        merge=False, last_in_tail=n % 2 == 1)
+            tiling["pair_bits"] = PAIR_BITS
+        else:
+            wtiles, tiling = self.tiles(wkn, w.type.dtype, QDENSE_TILE, w.name)
+        ops = {"x": self.operand(x, "x"), **wtiles, "b": self.const(b, "bias"),
+               "mult": self.array("mult", a["mult"], U32),
                "shift": self.array("shift", a["shift"], U8)}
         if "mult_neg" in a:
             ops["mult_neg"] = self.array("mult_neg", a["mult_neg"], U32)
@@ -172,7 +256,11 @@ class _Lowering:
         ops["y"] = y
         params = {key: a[key] for key in ("mode", "fn", "zp", "lo", "hi", "acc", "acc_bound")
                   if key in a}
-        self.kernel("qdense", op, ops, n=n, k=k, **params)
+        if a["mode"] == "clamp" and "mult_neg" not in a and a["lo"] >= a.get("zp", 0):
+            # ReLU: a negative sum requantizes to at most 0, which the clamp
+            # raises to lo anyway, so the sign never matters (kml_requant_relu)
+            params["requant"] = "relu"
+        self.kernel("qdense", op, ops, n=n, k=k, tiles=tiling, **params)
 
     def binary(self, op, y):
         a, b = op.inputs

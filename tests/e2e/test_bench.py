@@ -1,0 +1,99 @@
+"""The benchmark suite runs end to end (benchmarks/bench.py, `make bench`).
+
+A smoke test, so the harness cannot rot silently: one model, a two-point
+sweep and tiny call counts.  It checks what the run writes (every column,
+a row per system with numbers or the reason it did not run, outputs that
+agree with a float64 evaluation of the model), never how fast anything is.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from report import KMLC, LABEL, PEERS, TARGETS  # noqa: E402
+
+
+def cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    res = subprocess.run(
+        [sys.executable, ROOT / "benchmarks" / "bench.py", "--models", "readahead",
+         "--sweep", "16,32", "--rounds", "2", "--samples", "200", "--warmup", "50",
+         "--out", tmp / "results", "--work", tmp / "work"],
+        capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    return tmp / "results", res.stdout
+
+
+def section(md: str, title: str) -> list[str]:
+    body = md.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+    return [ln for ln in body.splitlines() if ln.startswith("|")]
+
+
+def test_every_system_has_a_row(run):
+    out, _ = run
+    md = (out / "benchmarks.md").read_text()
+    rows = {cells(ln)[1]: cells(ln) for ln in section(md, "ns per call")[2:]}
+    for key in KMLC + ["naive C", *PEERS[:-1]]:
+        row = rows[LABEL[key]]
+        assert len(row) == 7, row
+        if row[2] == "-":   # not measured: the row must say why
+            assert row[4].startswith("not run: ") and len(row[4]) > len("not run: "), row
+            assert key not in KMLC + ["naive C"], f"{key} must always run: {row}"
+        else:
+            median, p99 = (float(v.replace(",", "").replace(" us", "")) for v in row[2:4])
+            assert median > 0 and p99 > 0, row
+            assert float(row[5]) > 0, row      # cycles per MAC
+
+
+def test_headline_and_targets(run):
+    out, _ = run
+    md = (out / "benchmarks.md").read_text()
+    head = section(md, "Headline")
+    assert cells(head[0])[4:] == [f"vs {p}" for p in PEERS]
+    body = [cells(ln) for ln in head[2:]]
+    assert [(r[0], r[3]) for r in body] == [("readahead", "float"), ("readahead", "fixed")]
+    for r in body:
+        for c in r[4:]:
+            assert c.startswith("**") or c.startswith("n/a: "), r
+    targets = section(md, "Targets")[2:]
+    assert len(targets) == len(TARGETS)
+    ran = [cells(ln) for ln in targets if "not measured" not in ln]
+    assert len(ran) >= 2 and all(r[2] in ("yes", "**no**", "-") for r in ran)
+
+
+def test_bytes_sweep_and_json(run):
+    out, _ = run
+    md = (out / "benchmarks.md").read_text()
+    sizes = [cells(ln) for ln in section(md, "Bytes and compile time")[2:]]
+    assert [r[:2] for r in sizes] == [["readahead", "float"], ["readahead", "fixed"]]
+    for r in sizes:
+        assert all(int(v.replace(",", "")) > 0 for v in r[2:4])     # weights, workspace
+        assert float(r[8]) > 0                                      # kmlc compile seconds
+        assert r[5].replace(",", "").isdigit() or r[5].startswith("no module"), r
+    sweep = [cells(ln) for ln in section(md, "Hidden-width sweep")[2:]]
+    assert [r[0] for r in sweep] == ["16", "32"]
+    data = json.loads((out / "results.json").read_text())
+    m = data["models"][0]
+    assert m["name"] == "readahead" and m["macs"] == 5 * 15 + 15 * 5 + 5 * 4
+    # every system that ran computes the model: close to a float64 evaluation
+    for system, err in m["check"].items():
+        assert err < (0.05 if "fixed" in system else 1e-4), (system, err)
+    # the timed builds compute the twin's exact outputs
+    assert all(m["check"][f"kmlc {n} {f}"] == 0 for n, f in KMLC)
+    assert {"kmlc float twin", "kmlc fixed twin", "naive C"} <= set(m["check"])
+    assert data["peaks"]["int_mac"] > 0 and data["peaks"]["core_per_tsc"] > 0
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (out / "latency.png").stat().st_size > 0 and (out / "sweep.png").stat().st_size > 0

@@ -1,0 +1,92 @@
+"""Tiled dense kernels (passes/lower.py, docs/performance.md): the layouts
+lowering chooses, and bit-identity with the reference evaluators for every
+kind of block: full tiles, narrower tails, tails whose last SSE vector
+overlaps the one before, tails under four outputs (scalar), paired
+fixed-point outputs with an odd count, and the cases that must not pair."""
+import importlib
+
+import numpy as np
+import pytest
+
+from conftest import mlp_model
+from kmlc.api import compile as kcompile, load, lower_model
+from kmlc.frontends.onnx import load as load_graph
+from kmlc.ops import interpret
+
+lowering = importlib.import_module("kmlc.passes.lower")
+
+
+# hidden widths that hit every block shape: < 4, 4, overlap, one tile,
+# tile + scalar tail, tile + vector tail, several tiles + overlapping tail
+WIDTHS = [1, 3, 4, 5, 15, 16, 17, 19, 31, 35, 50]
+
+
+def rows(n_in, n=300, seed=0):
+    r = np.random.default_rng(seed)
+    x = r.normal(size=(n, n_in)) * r.choice([0.01, 1.0, 30.0], (n, 1))
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("h", WIDTHS)
+def test_float_tiles_are_the_reference_bit_for_bit(h, tmp_path):
+    m = mlp_model([6, h, 7, 3], act="Sigmoid", seed=h)
+    kcompile(m, tmp_path / "o", targets="user", name="tl")
+    x = rows(6)
+    y = load(tmp_path / "o").run(x)
+    g = load_graph(m, name="tl")
+    ref = np.stack([interpret(g, r[None])[0].reshape(-1) for r in x]).astype(np.float32)
+    assert np.array_equal(y.view(np.uint32), ref.view(np.uint32))
+
+
+def test_float_layouts():
+    p = lower_model(mlp_model([6, 40, 5, 2], act="Relu"), name="tl")
+    k1, k2, k3 = [k for k in p.kernels if k.kind == "matmul"]
+    # 40 outputs: two tiles of 16, then 8 in a tail; 5 outputs: one block
+    assert k1.params["order"] == "tiles" and k1.operands["w"].data.shape == (2, 6, 16)
+    assert k1.operands["w_tail"].data.shape == (6, 8)
+    assert k2.params["order"] == "tiles" and k2.operands["w_tail"].data.shape == (40, 5)
+    assert k3.params["order"] == "dot"  # 2 outputs: below one vector
+    w = load_graph(mlp_model([6, 40, 5, 2], act="Relu"), name="tl")
+    first = next(op for op in w.ops if op.kind in ("gemm", "dense"))
+    wt = first.inputs[1].data  # ONNX Gemm, transB=1: [out, in]
+    # tile t, input k, lane j holds output 16 t + j's weight for input k
+    assert np.array_equal(k1.operands["w"].data[1, 4], wt[16:32, 4])
+
+
+@pytest.mark.parametrize("h", [1, 2, 5, 8, 9, 15, 23])
+def test_fixed_pairs_are_the_integer_reference(h, tmp_path):
+    m = mlp_model([6, h, 5, 3], act="Relu", seed=h)
+    cal = rows(6, 2000, seed=1)
+    res = kcompile(m, tmp_path / "o", targets="user", numerics="fixed", calibration=cal,
+                   name="tl", weight_bits="16")
+    twin = load(tmp_path / "o")
+    r = np.random.default_rng(2)
+    raw = np.concatenate([twin.encode(rows(6, 200, seed=3)),
+                          r.integers(-2**31, 2**31, (100, 6)).astype(np.int32)])
+    g = res.program.quant.int_graph
+    ref = np.stack([np.concatenate([o.reshape(-1) for o in interpret(g, row[None])])
+                    for row in raw])
+    assert np.array_equal(twin.run_raw(raw), ref.astype(np.int32))
+    dense = [k for k in res.program.kernels if k.kind == "qdense"]
+    paired = [k for k in dense if "pair_bits" in k.params["tiles"]]
+    assert paired == [k for k in dense if k.params["n"] >= 2]
+
+
+def test_fixed_pairs_only_where_they_pay():
+    cal = rows(6, 2000, seed=1)
+    # int8 weights keep one byte each: never paired
+    p = lower_model(mlp_model([6, 16, 4]), name="tl", numerics="fixed", calibration=cal,
+                    weight_bits="8")
+    assert all("pair_bits" not in k.params["tiles"] for k in p.kernels if k.kind == "qdense")
+    # a layer whose packed weights would pass PAIR_MAX_BYTES keeps s16 weights
+    big = lowering.PAIR_MAX_BYTES // 8 * 2 // 64 + 2   # outputs of a 64-input layer
+    p = lower_model(mlp_model([64, big, 4]), name="tl", numerics="fixed",
+                    calibration=rows(64, 500, seed=1), weight_bits="16")
+    k1, k2 = [k for k in p.kernels if k.kind == "qdense"]
+    assert "pair_bits" not in k1.params["tiles"] and k1.operands["w"].data.dtype == np.int16
+    assert "pair_bits" in k2.params["tiles"]
+    # the packed weight holds both int16 weights, 2^47 apart
+    w = k2.operands.get("w", k2.operands.get("w_tail")).data
+    lo = (w + 2**46) % 2**47 - 2**46
+    hi = (w - lo) // 2**47
+    assert np.abs(lo).max() <= 32767 and np.abs(hi).max() <= 32767
