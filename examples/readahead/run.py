@@ -22,12 +22,7 @@ only under --workdir, and is what the test suite runs.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
-import platform
-import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +32,9 @@ sys.path.insert(0, str(HERE.parent))            # examples/: the readahead packa
 
 import numpy as np  # noqa: E402
 
+from kml_common.pipeline import (Fail, Parser, have_headers, kmlc, machine,  # noqa: E402
+                                 missing_packages, update_readme)
+from kml_common.pipeline import pool as make_pool  # noqa: E402
 from readahead.workloads import CLASSES, WORKLOADS, Db  # noqa: E402
 
 SEED = 1
@@ -47,43 +45,6 @@ FULL = dict(db=Db(), train_seeds=(1, 2), per_class=600, epochs=60, eval_seed=11,
 QUICK = dict(db=Db(files=2, file_pages=2048, cache_pages=2048, scan_cap_keys=256),
              train_seeds=(1,), per_class=80, epochs=60, eval_seed=11, heldout_seed=21,
              heldout_windows=20)
-
-
-class Fail(Exception):
-    pass
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):            # one line, no usage dump
-        print(f"run.py: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
-ROOT = HERE.parent.parent
-
-
-def _rel(p) -> str:
-    p = Path(p)
-    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
-
-
-def kmlc(*args) -> dict:
-    """Runs the kmlc command line next to this Python, from the repository's
-    root; returns the command and its output."""
-    exe = Path(sys.executable).parent / "kmlc"
-    args = [_rel(a) if isinstance(a, Path) else str(a) for a in args]
-    res = subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=ROOT)
-    cmd = "kmlc " + " ".join(args)
-    if res.returncode:
-        raise Fail(f"{cmd}: {(res.stderr or res.stdout).strip()}")
-    return {"command": cmd, "output": res.stdout.strip()}
-
-
-def _pool(jobs: int):
-    if jobs <= 1:
-        return None
-    import multiprocessing as mp
-    return mp.get_context("fork").Pool(jobs)
 
 
 def _eval_job(args):
@@ -138,25 +99,6 @@ def agreement(outdirs: dict, model, traces: dict) -> dict:
     return out
 
 
-def machine() -> str:
-    osname = platform.system()
-    try:
-        for ln in Path("/etc/os-release").read_text().splitlines():
-            if ln.startswith("PRETTY_NAME="):
-                osname = ln.split("=", 1)[1].strip('"')
-    except OSError:
-        pass
-    cpu = "unknown CPU"
-    try:
-        for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            if ln.startswith("model name"):
-                cpu = ln.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{osname}, kernel {platform.release()}, {os.cpu_count()} CPUs ({cpu})"
-
-
 def main(argv=None) -> int:
     ap = Parser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -172,22 +114,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
-    for mod, why in (("kmlc", "pip install -e . (the README's setup)"),
-                     ("torch", "pip install torch onnx"), ("onnx", "pip install onnx"),
-                     ("matplotlib", "pip install matplotlib")):
-        if importlib.util.find_spec(mod) is None:
-            print(f"run.py: this example needs the Python package {mod} ({why})",
-                  file=sys.stderr)
-            return 1
+    if (missing := missing_packages()):
+        print(f"run.py: {missing}", file=sys.stderr)
+        return 1
     try:
         return pipeline(args)
-    except Fail as e:
+    except (Fail, OSError) as e:
         print(f"run.py: {e}", file=sys.stderr)
         return 1
 
 
 def pipeline(args) -> int:
-    pool = _pool(args.jobs)         # before torch starts any thread
+    pool = make_pool(args.jobs)     # before torch starts any thread
     import torch
 
     from kmlc.errors import KmlcError
@@ -236,7 +174,7 @@ def pipeline(args) -> int:
                                   "--hooks", "readahead"),
         }
         built = {}
-        if not args.no_build and not args.quick and _have_headers():
+        if not args.no_build and not args.quick and have_headers():
             for p, d in outdirs.items():
                 built[p] = kmlc("build", d)
         step("kmlc compile" + (" + build" if built else ""), t)
@@ -286,19 +224,9 @@ def pipeline(args) -> int:
     (out / "results.md").write_text(md)
     plot(res, out / "readahead.png")
     if not args.quick and args.out is None:
-        update_readme(md)
+        update_readme(HERE / "README.md", md)
     print(f"results: {out}/results.md ({timing['total']:.0f} s)")
     return 0
-
-
-def _have_headers() -> bool:
-    from kmlc.targets.kernel import find_kdir
-
-    try:
-        find_kdir()
-        return True
-    except Exception:
-        return False
 
 
 def acceptance(res: dict) -> dict:
@@ -406,17 +334,6 @@ def plot(res: dict, path: Path) -> None:
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
-
-
-def update_readme(md: str) -> None:
-    """Puts results.md between the README's results markers."""
-    readme = HERE / "README.md"
-    if not readme.is_file():
-        return
-    text = readme.read_text()
-    new = re.sub(r"(<!-- results:begin -->\n).*?(<!-- results:end -->)",
-                 lambda m: m.group(1) + md + m.group(2), text, flags=re.S)
-    readme.write_text(new)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kml_common import training
+
 from .experiment import ExploreHook, run
 from .workloads import CLASSES, Db
 
@@ -68,76 +70,19 @@ def _ops_for(workload: str, db: Db, windows: int) -> int:
     return ops
 
 
-def build_model(mean, std):
-    import torch
-    from torch import nn
-
-    class Readahead(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32))
-            self.register_buffer("std", torch.tensor(std, dtype=torch.float32))
-            self.net = nn.Sequential(nn.Linear(5, 15), nn.Sigmoid(), nn.Linear(15, 5),
-                                     nn.Sigmoid(), nn.Linear(5, 4))
-
-        def forward(self, x):
-            return self.net((x - self.mean) / self.std)
-
-    return Readahead()
+SIZES = (5, 15, 5, 4)
 
 
 def fit(x: np.ndarray, y: np.ndarray, seed: int, epochs: int = 60):
-    """Trains a fresh model on (x, y); deterministic for a given seed."""
-    import torch
-
-    torch.manual_seed(seed)
-    mean = x.mean(0).astype(np.float64)
-    std = x.std(0).astype(np.float64)
-    const = std < 1e-6
-    std[const] = 1.0                     # a constant feature (see below) normalizes to 0
-    model = build_model(mean.tolist(), std.tolist())
-    with torch.no_grad():
-        # A feature constant in training (the window size: windows close at
-        # window_events calls) gets zero weights, which its zero input keeps
-        # at zero: a time-closed window in deployment cannot sway the model.
-        model.net[0].weight[:, torch.from_numpy(const)] = 0.0
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y).long()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.99)   # the paper's
-    gen = torch.Generator().manual_seed(seed)
-    lossf = torch.nn.CrossEntropyLoss()
-    for _ in range(epochs):
-        for idx in torch.randperm(len(xt), generator=gen).split(64):
-            opt.zero_grad()
-            lossf(model(xt[idx]), yt[idx]).backward()
-            opt.step()
-    return model.eval()
-
-
-def predict(model, x: np.ndarray) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return model(torch.from_numpy(x)).argmax(1).numpy()
+    """Trains a fresh model on (x, y); deterministic for a given seed.  The
+    window size (feature 0) is constant in training (windows close at
+    window_events calls), so it gets zero weights (training.fit): a
+    time-closed window in deployment cannot sway the model."""
+    return training.fit(x, y, seed, SIZES, epochs)
 
 
 def cross_validate(x: np.ndarray, y: np.ndarray, seed: int, k: int = 10, epochs: int = 60):
-    """k-fold CV (folds from a seeded permutation): per-fold accuracy and the
-    summed confusion matrix (rows: true class, columns: predicted)."""
-    order = np.random.default_rng(seed).permutation(len(x))
-    folds = np.array_split(order, k)
-    accs, conf = [], np.zeros((4, 4), dtype=np.int64)
-    for i, test in enumerate(folds):
-        train = np.concatenate([f for j, f in enumerate(folds) if j != i])
-        model = fit(x[train], y[train], seed + 1 + i, epochs)
-        pred = predict(model, x[test])
-        accs.append(float((pred == y[test]).mean()))
-        np.add.at(conf, (y[test], pred), 1)
-    return accs, conf
+    return training.cross_validate(x, y, seed, SIZES, k, epochs)
 
 
-def export(model, path) -> None:
-    import torch
-
-    torch.onnx.export(model, (torch.zeros(1, 5),), str(path), dynamo=False,
-                      input_names=["features"], output_names=["logits"],
-                      dynamic_axes={"features": {0: "N"}, "logits": {0: "N"}})
+predict, export = training.predict, training.export

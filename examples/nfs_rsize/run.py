@@ -1,0 +1,362 @@
+#!/usr/bin/env python3
+"""The KML NFS rsize example, end to end, in one command:
+
+    .venv/bin/python examples/nfs_rsize/run.py [--quick] [--jobs N]
+
+ 1. training traces: db_bench-like workloads read over NFS in the simulator,
+    the nfs-rsize hook's windows of its tracepoints, three network presets;
+ 2. 10-fold cross-validation of KML's 8 -> 25 -> 10 -> 5 -> 4 sigmoid model;
+ 3. the model trained on all rows, exported to nfs_rsize.onnx (and the
+    rows saved as calibration.npy, the fixed-point calibration);
+ 4. kmlc compile --hooks nfs-rsize, fixed point and float, and kmlc build
+    (when kernel headers are installed);
+ 5. fixed vs float: decisions on held-out windows of all five workloads;
+ 6. every workload on both networks under the negotiated rsize (no hook),
+    fixed 4 KiB and 256 KiB mounts, and the learned policy (the compiled
+    twins, with and without majority vote); then fixed mounts under Linux
+    4.19's NFS readahead, KML's kernel;
+ 7. results/results.{json,md} and results/nfs_rsize.png, and the README's
+    results section.
+
+Everything is seeded: the same command gives the same numbers (wall-clock
+times aside).  --quick runs a small database and little training, writes
+only under --workdir, and is what the test suite runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))            # examples/: nfs_rsize, readahead, kml_common
+
+import numpy as np  # noqa: E402
+
+from kml_common.pipeline import (Fail, Parser, have_headers, kmlc, machine,  # noqa: E402
+                                 missing_packages, update_readme)
+from kml_common.pipeline import pool as make_pool  # noqa: E402
+from readahead.workloads import CLASSES, WORKLOADS, Db  # noqa: E402
+
+SEED = 1
+VOTE = 5
+LEARNED = {"learned-fixed": ("fixed", 1), "learned-float": ("float", 1),
+           f"learned-fixed-v{VOTE}": ("fixed", VOTE), f"learned-float-v{VOTE}": ("float", VOTE)}
+POLICIES = ("default", "fixed-4k", "fixed-256k", *LEARNED)
+NETS = ("lan", "wan")                                # evaluated
+TRAIN_NETS = ("lan", "wan", "far")                   # traced for training
+OLD = ("default", "fixed-4k", "fixed-256k")          # mounts under Linux 4.19's readahead
+# The readahead example's database at half the size (four 32 MiB files, a
+# 64 MiB page cache): the run stays within minutes on two shared cores.
+FULL = dict(db=Db(file_pages=8192, cache_pages=16384), per_class=600, epochs=100,
+            eval_seed=11, heldout_seed=21, heldout_windows=30,
+            old_workloads=("readseq", "readrandom"))
+QUICK = dict(db=Db(files=2, file_pages=2048, cache_pages=2048, scan_cap_keys=256),
+             per_class=60, epochs=100, eval_seed=11, heldout_seed=21, heldout_windows=10,
+             old_workloads=("readrandom",))
+
+
+def _eval_job(args):
+    from nfs_rsize.experiment import ra_419, policy_rsize, run
+    from readahead.experiment import measured_ops
+
+    workload, net, policy, db, seed, quick, outdirs, old = args
+    warm, measure = measured_ops(workload, db, quick)
+    if policy in LEARNED:
+        numerics, vote = LEARNED[policy]
+        out = run(workload, net, "learned", db, seed=seed, warm=warm, measure=measure,
+                  outdir=outdirs[numerics], vote=vote)
+    else:
+        ra = ra_419(policy_rsize(policy)) if old else 32
+        out = run(workload, net, policy, db, seed=seed, warm=warm, measure=measure, ra_pages=ra)
+    return (old, net, workload, policy), out
+
+
+def _heldout_job(args):
+    """The event trace of one workload on one network under the explore policy."""
+    from nfs_rsize.train import explore_trace
+
+    workload, net, db, seed, windows = args
+    trace: list = []
+    explore_trace(workload, net, seed, db, windows, trace=trace)
+    return (net, workload), np.array(trace, dtype=np.int64).reshape(-1, 5)
+
+
+def agreement(outdirs: dict, model, traces: dict) -> dict:
+    """Decisions of the fixed and float twins (each with its own feature
+    encoding, from the same event traces) and of the PyTorch model."""
+    import kmlc
+    from kmlc import features
+    from nfs_rsize.experiment import WINDOW_MS
+    from nfs_rsize.train import predict
+
+    fx, fl = kmlc.load(outdirs["fixed"]), kmlc.load(outdirs["float"])
+    out, tot = {}, np.zeros(3, dtype=np.int64)
+    for (net, workload), ev in sorted(traces.items()):
+        wq = features.nfs(ev, window_ms=WINDOW_MS, frac=fx.hook_frac)
+        wf = features.nfs(ev, window_ms=WINDOW_MS, frac=fl.hook_frac)
+        assert np.array_equal(wq.closed_by, wf.closed_by)
+        dq, df = fx.decide(wq.raw), fl.decide(wf.raw)
+        dt = predict(model, wf.values.astype(np.float32))
+        n = len(dq)
+        out[f"{net}/{workload}"] = {"windows": n, "fixed_vs_float": int((dq == df).sum()),
+                                    "float_vs_torch": int((df == dt).sum())}
+        tot += [n, (dq == df).sum(), (df == dt).sum()]
+    out["all"] = {"windows": int(tot[0]), "fixed_vs_float": int(tot[1]),
+                  "float_vs_torch": int(tot[2])}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = Parser(description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="small database and training, for tests (writes only under --workdir)")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    ap.add_argument("--workdir", type=Path, default=HERE / "build",
+                    help="compiled models and training data (default examples/nfs_rsize/build)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results directory (default examples/nfs_rsize/results, "
+                         "or WORKDIR/results with --quick)")
+    ap.add_argument("--no-build", action="store_true", help="do not build the kernel modules")
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
+    if (missing := missing_packages()):
+        print(f"run.py: {missing}", file=sys.stderr)
+        return 1
+    try:
+        return pipeline(args)
+    except (Fail, OSError) as e:
+        print(f"run.py: {e}", file=sys.stderr)
+        return 1
+
+
+def pipeline(args) -> int:
+    cfg = QUICK if args.quick else FULL
+    db: Db = cfg["db"]
+    work = args.workdir.resolve()
+    out = (args.out or (work / "results" if args.quick else HERE / "results")).resolve()
+    onnx_path = work / "nfs_rsize.onnx" if args.quick else HERE / "nfs_rsize.onnx"
+    cal_path = work / "train_x.npy" if args.quick else HERE / "calibration.npy"
+    for d in (work, out):
+        d.mkdir(parents=True, exist_ok=True)
+    pool = make_pool(args.jobs)     # before torch starts any thread
+    import torch
+
+    from kmlc.errors import KmlcError
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    timing, t_all = {}, time.time()
+    pmap = pool.imap if pool else map
+    try:
+        from nfs_rsize import train
+
+        def step(name, t0):
+            timing[name] = round(time.time() - t0, 1)
+            print(f"[{timing[name]:6.1f}s] {name}", flush=True)
+
+        t = time.time()
+        x, y = train.collect(db, TRAIN_NETS, SEED, cfg["per_class"], pmap=pmap)
+        np.save(work / "train_x.npy", x)
+        np.save(work / "train_y.npy", y)
+        np.save(cal_path, x)            # the fixed-point calibration: the training rows
+        step("training traces", t)
+
+        t = time.time()
+        accs, conf = train.cross_validate(x, y, SEED, k=10, epochs=cfg["epochs"])
+        merged = conf[:2, :2].sum() + np.trace(conf[2:, 2:])   # rr = rrwr: same rsize
+        step("10-fold cross-validation", t)
+
+        t = time.time()
+        model = train.fit(x, y, SEED, cfg["epochs"])
+        train.export(model, onnx_path)
+        step("train on all rows, export", t)
+
+        t = time.time()
+        outdirs = {"fixed": work / "fixed", "float": work / "float"}
+        compiled = {
+            "fixed": kmlc("compile", onnx_path, "-o", outdirs["fixed"], "--numerics", "fixed",
+                          "--calibration", cal_path, "--hooks", "nfs-rsize"),
+            "float": kmlc("compile", onnx_path, "-o", outdirs["float"], "--hooks", "nfs-rsize"),
+        }
+        built = {}
+        if not args.no_build and not args.quick and have_headers():
+            for p, d in outdirs.items():
+                built[p] = kmlc("build", d)
+        step("kmlc compile" + (" + build" if built else ""), t)
+
+        t = time.time()
+        jobs = [(w, n, db, cfg["heldout_seed"], cfg["heldout_windows"])
+                for n in NETS for w in WORKLOADS]
+        traces = dict(pmap(_heldout_job, jobs))
+        agree = agreement(outdirs, model, traces)
+        del traces
+        step("fixed vs float agreement", t)
+
+        t = time.time()
+        jobs = [(w, n, p, db, cfg["eval_seed"], args.quick, outdirs, False)
+                for n in NETS for w in WORKLOADS for p in POLICIES]
+        jobs += [(w, n, p, db, cfg["eval_seed"], args.quick, outdirs, True)
+                 for n in NETS for w in cfg["old_workloads"] for p in OLD]
+        res: dict = {}
+        old: dict = {}
+        for (o, n, w, p), r in pmap(_eval_job, jobs):
+            (old if o else res).setdefault(n, {}).setdefault(w, {})[p] = r
+        step("simulations", t)
+    except KmlcError as e:
+        raise Fail(str(e)) from None
+    finally:
+        if pool:
+            pool.close()
+            pool.join()
+    timing["total"] = round(time.time() - t_all, 1)
+
+    from nfs_rsize.experiment import WINDOW_MS
+    from nfs_rsize.nfs import NETS as PRESETS, RpcCosts
+
+    results = {
+        "command": "python examples/nfs_rsize/run.py" + (" --quick" if args.quick else ""),
+        "config": {"db": db.__dict__, "seed": SEED, "window_ms": WINDOW_MS, "vote": VOTE,
+                   **{k: v for k, v in cfg.items() if k != "db"},
+                   "policies": POLICIES, "nets": {n: PRESETS[n].__dict__ for n in TRAIN_NETS},
+                   "rpc_costs": RpcCosts().__dict__},
+        "training": {
+            "rows_per_class": dict(zip(CLASSES, np.bincount(y, minlength=4).tolist())),
+            "feature_mean": x.mean(0).tolist(), "feature_std": x.std(0).tolist(),
+            "cv_accuracy": accs, "cv_mean": float(np.mean(accs)), "cv_std": float(np.std(accs)),
+            "cv_confusion": conf.tolist(),
+            "cv_accuracy_random_classes_merged": float(merged / conf.sum()),
+        },
+        "compile": compiled, "build": built,
+        "agreement": agree,
+        "results": res,
+        "linux_4_19_readahead": old,
+        "summary": summary(res),
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "timing.json").write_text(json.dumps({"machine": machine(), "seconds": timing},
+                                                indent=1) + "\n")
+    md = report(results, timing)
+    (out / "results.md").write_text(md)
+    plot(res, out / "nfs_rsize.png")
+    if not args.quick and args.out is None:
+        update_readme(HERE / "README.md", md)
+    print(f"results: {out}/results.md ({timing['total']:.0f} s)")
+    return 0
+
+
+def summary(res: dict) -> dict:
+    """Per network and learned variant: throughput relative to the default,
+    worst and best workload."""
+    out = {}
+    for n, per_w in res.items():
+        for p in LEARNED:
+            ratio = {w: r[p]["throughput_mb_s"] / r["default"]["throughput_mb_s"]
+                     for w, r in per_w.items()}
+            out[f"{n}/{p}"] = {"ratio": ratio, "worst": min(ratio.values()),
+                               "best": max(ratio.values())}
+    return out
+
+
+def report(r: dict, timing: dict) -> str:
+    from nfs_rsize.experiment import policy_rsize, ra_419
+
+    t = r["training"]
+    lines = [f"Command: `{r['command']}`, {timing['total']:.0f} s on {machine()}.", ""]
+    lines += ["**Training** (" + ", ".join(TRAIN_NETS) + "; four classes): "
+              + ", ".join(f"{c} {n}" for c, n in t["rows_per_class"].items()) + " windows.  "
+              f"10-fold cross-validation accuracy {100 * t['cv_mean']:.1f}% "
+              f"± {100 * t['cv_std']:.1f}% (paper: 98.6%); "
+              f"{100 * t['cv_accuracy_random_classes_merged']:.2f}% counting readrandom and "
+              "readrandomwriterandom (same rsize) as one class.", "",
+              "| true \\ predicted | " + " | ".join(CLASSES) + " |",
+              "|---|" + "---|" * len(CLASSES)]
+    for c, row in zip(CLASSES, t["cv_confusion"]):
+        lines.append(f"| {c} | " + " | ".join(map(str, row)) + " |")
+    a = r["agreement"]["all"]
+    lines += ["", f"**Fixed vs float**: the two compiled twins take the same decision on "
+              f"{a['fixed_vs_float']} of {a['windows']} held-out windows "
+              f"({100 * a['fixed_vs_float'] / max(1, a['windows']):.2f}%, all five workloads, "
+              f"both networks); the float twin agrees with PyTorch on {a['float_vs_torch']}.", ""]
+    lines += ["**Throughput relative to the negotiated rsize** (default: 1 MiB, no hook):", "",
+              "| net | workload | default MB/s | " + " | ".join(POLICIES[1:]) + " |",
+              "|---|---|---|" + "---|" * (len(POLICIES) - 1)]
+    for n, per_w in r["results"].items():
+        for w, per_p in per_w.items():
+            base = per_p["default"]["throughput_mb_s"]
+            lines.append(f"| {n} | {w} | {base:.2f} | " + " | ".join(
+                f"{per_p[p]['throughput_mb_s'] / base:.3f}" for p in POLICIES[1:]) + " |")
+    lines += ["", "**Per policy**: READs = READ RPCs; MB over NFS = data the READs carried; "
+              "wasted = pages read ahead and evicted unread; latency = mean time in pread(); "
+              "link busy = share of the time the server-to-client link was sending.",
+              "", "| net | workload | policy | MB/s | READs | MB over NFS | wasted MB "
+              "| latency us | link busy | rsize at end |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for n, per_w in r["results"].items():
+        for w, per_p in per_w.items():
+            for p in POLICIES:
+                m = per_p[p]
+                lines.append(f"| {n} | {w} | {p} | {m['throughput_mb_s']:.2f} | "
+                             f"{m['read_rpcs']} | {m['mb_read_over_nfs']:.1f} | "
+                             f"{m['wasted_mb']:.1f} | {m['mean_read_us']:.0f} | "
+                             f"{m['downlink_busy']:.3f} | {m['rsize_end'] // 1024}K |")
+    lines.append("")
+    for n, per_w in r["results"].items():
+        lines += [f"Classes the learned (fixed-point, no vote) policy chose while measuring, {n}: "
+                  + "; ".join(f"{w}: " + ", ".join(
+                      f"{c} {k}" for c, k in per_p["learned-fixed"]["decisions"].items() if k)
+                      for w, per_p in per_w.items()) + ".", ""]
+    lines += ["**Linux 4.19's NFS readahead** (KML's kernel: ra_pages = 15 x rpages, fixed "
+              "when the file system is mounted), MB/s (wasted MB):", "",
+              "| net | workload | " + " | ".join(
+                  f"{p} (ra {ra_419(policy_rsize(p)) * 4} KiB)" for p in OLD) + " |",
+              "|---|---|" + "---|" * len(OLD)]
+    for n, per_w in r["linux_4_19_readahead"].items():
+        for w, per_p in per_w.items():
+            lines.append(f"| {n} | {w} | " + " | ".join(
+                f"{per_p[p]['throughput_mb_s']:.2f} ({per_p[p]['wasted_mb']:.1f})"
+                for p in OLD) + " |")
+    s = r["summary"]
+    lines += ["", "**Learned vs default**, worst and best workload: " + "; ".join(
+        f"{k} {v['worst']:.3f} .. {v['best']:.3f}" for k, v in s.items()) + ".", ""]
+    lines += ["Time per step (s): " + ", ".join(f"{k} {v}" for k, v in timing.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(res), figsize=(6.5 * len(res), 7), squeeze=False)
+    width = 0.84 / len(POLICIES)
+    for col, (n, per_w) in enumerate(res.items()):
+        ws = list(per_w)
+        xs = np.arange(len(ws))
+        for i, p in enumerate(POLICIES):
+            off = (i - (len(POLICIES) - 1) / 2) * width
+            rel = [per_w[w][p]["throughput_mb_s"] / per_w[w]["default"]["throughput_mb_s"]
+                   for w in ws]
+            axes[0, col].bar(xs + off, rel, width, label=p)
+            axes[1, col].bar(xs + off, [per_w[w][p]["read_rpcs"] for w in ws], width, label=p)
+        axes[0, col].axhline(1.0, color="k", lw=0.8)
+        axes[0, col].set_title(f"{n.upper()}: throughput relative to the negotiated rsize")
+        axes[1, col].set_title(f"{n.upper()}: READ RPCs")
+        axes[1, col].set_yscale("log")
+        for ax in axes[:, col]:
+            ax.set_xticks(xs, ws, rotation=15, fontsize=8)
+        vals = [per_w[w][p]["throughput_mb_s"] / per_w[w]["default"]["throughput_mb_s"]
+                for w in ws for p in POLICIES]
+        axes[0, col].set_ylim(min(0.8, min(vals) - 0.02), max(1.2, max(vals) + 0.02))
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=9)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
