@@ -75,6 +75,7 @@ def golden_inputs(in_elems: int, count: int, seed: int, data: np.ndarray | None)
     return rows.astype(np.float32)
 
 
+DM_MAX_TYPE_NAME = 16  # include/uapi/linux/dm-ioctl.h: a target type name and its NUL
 HOOKS = ("admission", "readahead", "nfs-rsize")
 
 
@@ -99,6 +100,11 @@ def check_hooks(prog: Program, hooks, targets) -> list[str]:
                             f"{prog.out_elems}")
         if prog.quant.outputs[prog.outputs[0].buffer.value].get("index"):
             raise KmlcError("the admission hook needs a score output, not a class index")
+        if len(f"kml_{prog.name}") > DM_MAX_TYPE_NAME - 1:
+            raise KmlcError(f"the admission hook registers the device-mapper target "
+                            f"'kml_{prog.name}', longer than device-mapper's "
+                            f"{DM_MAX_TYPE_NAME - 1} characters: name the model in at most "
+                            f"{DM_MAX_TYPE_NAME - 5} (--name)")
     if "readahead" in out:
         if prog.in_elems != 5 or prog.out_elems != 4 or len(prog.outputs) != 1 \
                 or prog.outputs[0].type.dtype.name == "i64":

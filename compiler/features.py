@@ -221,13 +221,14 @@ class ReadaheadStream:
         self._files: dict[int, ctypes.Array] = {}
         self._out = np.zeros(RA_FEATURES, dtype=np.int32)
         self._lib, self._state_size = library(), _size("kml_ra_file_size")
+        self._ptrs = (self.frac.ctypes.data, self._out.ctypes.data)
 
     def add(self, t_ns: int, file: int, page: int, ra_pages: int) -> np.ndarray | None:
         st = self._files.get(file)
         if st is None:
             st = self._files[file] = ctypes.create_string_buffer(self._state_size)
         if self._lib.kml_ra_step(st, t_ns, page, ra_pages, self.window_events, self.window_ns,
-                                 self.frac.ctypes.data, self._out.ctypes.data):
+                                 *self._ptrs):
             return self._out.copy()
         return None
 
@@ -244,6 +245,7 @@ class AdmissionStream:
         self._lib = library()
         self._state = ctypes.create_string_buffer(_size("kml_admit_state_size"))
         self._out = np.zeros(ADMIT_FEATURES, dtype=np.int32)
+        self._ptrs = (self.frac.ctypes.data, self._out.ctypes.data)
 
     def complete(self, qlen: int, latency_ns: int, nbytes: int) -> None:
         """A read or a write finished on the primary; it had ``qlen`` I/Os
@@ -253,8 +255,7 @@ class AdmissionStream:
     def read(self, size: int, inflight: int) -> np.ndarray:
         """The encoded features of a read of ``size`` bytes arriving with
         ``inflight`` reads and writes in flight on the primary."""
-        self._lib.kml_admit_step_read(self._state, size, inflight, self.frac.ctypes.data,
-                                      self._out.ctypes.data)
+        self._lib.kml_admit_step_read(self._state, size, inflight, *self._ptrs)
         return self._out.copy()
 
 
@@ -273,6 +274,8 @@ class NfsStream:
         self._reclaim = ctypes.create_string_buffer(_size("kml_nfs_reclaim_size"))
         self._mounts: dict[int, ctypes.Array] = {}
         self._out = np.zeros(NFS_FEATURES, dtype=np.int32)
+        self._ptrs = (self.frac.ctypes.data, self._out.ctypes.data)
+        self._window_size = _size("kml_nfs_window_size")
 
     def event(self, t_ns: int, kind: int, mount: int, a: int, rsize: int) -> np.ndarray | None:
         """A read (kind 0, a: offset), done (1, a: latency ns or -1) or page
@@ -282,9 +285,9 @@ class NfsStream:
                             "(reclaim scans go to reclaim())")
         st = self._mounts.get(mount)
         if st is None:
-            st = self._mounts[mount] = ctypes.create_string_buffer(_size("kml_nfs_window_size"))
+            st = self._mounts[mount] = ctypes.create_string_buffer(self._window_size)
         if self._lib.kml_nfs_step_event(st, self._reclaim, kind, t_ns, a, rsize, self.window_ns,
-                                        self.frac.ctypes.data, self._out.ctypes.data):
+                                        *self._ptrs):
             return self._out.copy()
         return None
 

@@ -196,12 +196,19 @@ def init_script(scenarios: list[Scenario], needed: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _manifest(outdir) -> dict:
+    man = Path(outdir) / "kmlc.json"
+    if not man.is_file():
+        raise KmlcError("not a kmlc output directory (no kmlc.json)", where=str(outdir))
+    return json.loads(man.read_text())
+
+
 def model_scenario(outdir: Path, kdir=None) -> Scenario:
     """Load the model's module (its self-test runs), run its hooks'
     scenarios, unload it."""
     from .hooks import qemu_parts
 
-    meta = json.loads((Path(outdir) / "kmlc.json").read_text())
+    meta = _manifest(outdir)
     mod = meta["module"]
     ko = build_module(Path(outdir) / "kernel", kdir=kdir)
     needs, files, hook_script = qemu_parts(Path(outdir), meta, ko)
@@ -261,6 +268,11 @@ def check(log: str) -> tuple[bool, list[str]]:
 
 
 def run(outdirs: list[Path], *, kdir=None, timeout: int = 600, log=print) -> dict:
+    names = [_manifest(d)["module"] for d in outdirs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise KmlcError(f"two models build the module {', '.join(twice)}; one kernel loads a "
+                        "module name once (compile with distinct --name)")
     k = find_kdir(kdir)
     release = release_of(k)
     image = kernel_image(release)

@@ -137,6 +137,7 @@ def pipeline(args) -> int:
     work = args.workdir.resolve()
     out = (args.out or (work / "results" if args.quick else HERE / "results")).resolve()
     onnx_path = work / "readahead.onnx" if args.quick else HERE / "readahead.onnx"
+    cal_path = work / "train_x.npy" if args.quick else HERE / "calibration.npy"
     for d in (work, out):
         d.mkdir(parents=True, exist_ok=True)
     timing, t_all = {}, time.time()
@@ -152,6 +153,7 @@ def pipeline(args) -> int:
         x, y = train.collect(db, cfg["train_seeds"], cfg["per_class"], pmap=pmap)
         np.save(work / "train_x.npy", x)
         np.save(work / "train_y.npy", y)
+        np.save(cal_path, x)            # the fixed-point calibration: the training rows
         step("training traces", t)
 
         t = time.time()
@@ -168,7 +170,7 @@ def pipeline(args) -> int:
         outdirs = {"learned-fixed": work / "fixed", "learned-float": work / "float"}
         compiled = {
             "learned-fixed": kmlc("compile", onnx_path, "-o", outdirs["learned-fixed"],
-                                  "--numerics", "fixed", "--calibration", work / "train_x.npy",
+                                  "--numerics", "fixed", "--calibration", cal_path,
                                   "--hooks", "readahead"),
             "learned-float": kmlc("compile", onnx_path, "-o", outdirs["learned-float"],
                                   "--hooks", "readahead"),

@@ -105,6 +105,10 @@ def test_admission_hook_checks_the_model(tmp_path):
     with pytest.raises(KmlcError, match="11 features"):
         kcompile(EXAMPLES / "readahead.onnx", tmp_path / "b", hooks=["admission"],
                  numerics="fixed", calibration=seed_models.sample_inputs("readahead", 100))
+    with pytest.raises(KmlcError, match="'kml_heimdall_admission'.*at most 11"):
+        kcompile(EXAMPLES / "heimdall.onnx", tmp_path / "d", hooks=["admission"],
+                 numerics="fixed", name="heimdall_admission",
+                 calibration=seed_models.sample_inputs("heimdall", 100))
     with pytest.raises(KmlcError, match="unknown hook 'prefetch'"):
         kcompile(EXAMPLES / "readahead.onnx", tmp_path / "c", hooks=["prefetch"])
 

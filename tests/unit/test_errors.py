@@ -133,6 +133,8 @@ def test_failed_recompile_keeps_previous_output(tmp_path):
     (["build", "{tmp}"], ["no Kbuild"]),
     (["build", "{out}", "--kdir", "{tmp}"], ["not a kernel build directory"]),
     (["build", "{out}", "--llvm", "--kdir", "{kdir}"], ["not configured with clang", "LLVM=1"]),
+    (["qemu-test", "{out}", "{out}"], ["two models build the module kml_m", "--name"]),
+    (["qemu-test", "{tmp}"], ["kmlc.json", "{tmp}"]),
 ])
 def test_cli_usage_errors(tmp_path, args, words):
     onnx.save(mlp_model([4, 3, 2]), tmp_path / "m.onnx")
@@ -145,4 +147,4 @@ def test_cli_usage_errors(tmp_path, args, words):
     assert res.returncode == 1 and "Traceback" not in res.stderr
     line = res.stderr.strip().splitlines()[0]
     for w in words:
-        assert w in line, line
+        assert w.format(**fill) in line, line
