@@ -25,11 +25,8 @@ Same seeds, same numbers: everything is seeded and single-threaded.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -44,6 +41,7 @@ sys.path.insert(0, str(HERE.parent))
 import numpy as np  # noqa: E402
 
 from admission import evaluate, traces, train  # noqa: E402
+from kml_common.pipeline import Parser, machine  # noqa: E402
 
 TRAIN_SEEDS = 1000
 
@@ -60,11 +58,6 @@ def kmlc(*args) -> str:
         last = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or ["(no output)"]
         fail(f"kmlc {args[0]} failed: {last[0]}")
     return res.stdout.strip()
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):            # one line, no usage dump
-        fail(message)
 
 
 def rel(text: str) -> str:
@@ -101,25 +94,6 @@ def settings(quick: bool, seeds: int | None) -> dict:
                 "train_cfg": short, "eval_cfg": short}
     return {"train_seeds": 8, "eval_seeds": seeds or 50, "epochs": 12, "verify_rows": 5000,
             "train_cfg": traces.Config(duration_s=2.0), "eval_cfg": traces.Config(duration_s=2.0)}
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    osname = platform.system()
-    try:
-        for line in Path("/etc/os-release").read_text().splitlines():
-            if line.startswith("PRETTY_NAME="):
-                osname = line.split("=", 1)[1].strip('"')
-    except OSError:
-        pass
-    return f"{osname}, kernel {platform.release()}, {cpu}, {os.cpu_count()} cores"
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
-"""The plumbing of the examples' one-command pipelines (run.py): one-line
-errors, the kmlc command line, worker processes, the machine's description,
-and the README's results block."""
+"""The plumbing of the examples' one-command pipelines (run.py): the command
+line and its one-line errors, worker processes, step timing, the kmlc
+command line, the machine's description, and the README's results block."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,8 @@ import platform
 import re
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +62,91 @@ def pool(jobs: int):
         return None
     import multiprocessing as mp
     return mp.get_context("fork").Pool(jobs)
+
+
+def example_main(argv, doc: str, here: Path, pipeline) -> int:
+    """The command line of a trained example (readahead, nfs_rsize): parses
+    it, checks the packages, runs ``pipeline(args)``; every failure is one
+    line on stderr and exit status 1 (2 for a bad argument)."""
+    ex = f"examples/{here.name}"
+    ap = Parser(description=doc.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="small database and training, for tests (writes only under --workdir)")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    ap.add_argument("--workdir", type=Path, default=here / "build",
+                    help=f"compiled models and training data (default {ex}/build)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"results directory (default {ex}/results, or WORKDIR/results "
+                         "with --quick)")
+    ap.add_argument("--no-build", action="store_true", help="do not build the kernel modules")
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
+    if (missing := missing_packages()):
+        print(f"run.py: {missing}", file=sys.stderr)
+        return 1
+    try:
+        return pipeline(args)
+    except (Fail, OSError) as e:
+        print(f"run.py: {e}", file=sys.stderr)
+        return 1
+
+
+@contextmanager
+def workers(jobs: int):
+    """Yields a map over ``jobs`` worker processes (the builtin map for one),
+    made before torch starts any thread; torch runs single-threaded and
+    deterministic; a kmlc error inside becomes a Fail."""
+    p = pool(jobs)
+    import torch
+
+    from kmlc.errors import KmlcError
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield p.imap if p else map
+    except KmlcError as e:
+        raise Fail(str(e)) from None
+    finally:
+        if p:
+            p.close()
+            p.join()
+
+
+class Steps:
+    """Wall-clock seconds of each pipeline step, printed as it ends; a step
+    runs from the end of the one before."""
+
+    def __init__(self):
+        self.seconds: dict = {}
+        self.start = self.last = time.time()
+
+    def done(self, name: str) -> None:
+        now = time.time()
+        self.seconds[name] = round(now - self.last, 1)
+        self.last = now
+        print(f"[{self.seconds[name]:6.1f}s] {name}", flush=True)
+
+    def total(self) -> dict:
+        self.seconds["total"] = round(time.time() - self.start, 1)
+        return self.seconds
+
+
+def compile_both(onnx_path: Path, cal_path: Path, hooks: str, work: Path, build: bool):
+    """``kmlc compile --hooks HOOKS`` fixed point (calibrated on CAL_PATH) and
+    float into WORK/fixed and WORK/float, and ``kmlc build`` both when BUILD
+    and kernel headers are installed.  Returns (dirs, compiled, built),
+    each keyed by "fixed" and "float"."""
+    dirs = {"fixed": work / "fixed", "float": work / "float"}
+    compiled = {
+        "fixed": kmlc("compile", onnx_path, "-o", dirs["fixed"], "--numerics", "fixed",
+                      "--calibration", cal_path, "--hooks", hooks),
+        "float": kmlc("compile", onnx_path, "-o", dirs["float"], "--hooks", hooks),
+    }
+    built = {k: kmlc("build", d) for k, d in dirs.items()} if build and have_headers() else {}
+    return dirs, compiled, built
 
 
 def have_headers() -> bool:

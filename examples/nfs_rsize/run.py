@@ -24,10 +24,8 @@ only under --workdir, and is what the test suite runs.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,9 +33,8 @@ sys.path.insert(0, str(HERE.parent))            # examples/: nfs_rsize, readahea
 
 import numpy as np  # noqa: E402
 
-from kml_common.pipeline import (Fail, Parser, have_headers, kmlc, machine,  # noqa: E402
-                                 missing_packages, update_readme)
-from kml_common.pipeline import pool as make_pool  # noqa: E402
+from kml_common.pipeline import (Steps, compile_both, example_main, machine,  # noqa: E402
+                                 update_readme, workers)
 from readahead.workloads import CLASSES, WORKLOADS, Db  # noqa: E402
 
 SEED = 1
@@ -110,28 +107,7 @@ def agreement(outdirs: dict, model, traces: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = Parser(description=__doc__.split("\n\n")[0],
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true",
-                    help="small database and training, for tests (writes only under --workdir)")
-    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    ap.add_argument("--workdir", type=Path, default=HERE / "build",
-                    help="compiled models and training data (default examples/nfs_rsize/build)")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="results directory (default examples/nfs_rsize/results, "
-                         "or WORKDIR/results with --quick)")
-    ap.add_argument("--no-build", action="store_true", help="do not build the kernel modules")
-    args = ap.parse_args(argv)
-    if args.jobs < 1:
-        ap.error("--jobs must be at least 1")
-    if (missing := missing_packages()):
-        print(f"run.py: {missing}", file=sys.stderr)
-        return 1
-    try:
-        return pipeline(args)
-    except (Fail, OSError) as e:
-        print(f"run.py: {e}", file=sys.stderr)
-        return 1
+    return example_main(argv, __doc__, HERE, pipeline)
 
 
 def pipeline(args) -> int:
@@ -143,61 +119,35 @@ def pipeline(args) -> int:
     cal_path = work / "train_x.npy" if args.quick else HERE / "calibration.npy"
     for d in (work, out):
         d.mkdir(parents=True, exist_ok=True)
-    pool = make_pool(args.jobs)     # before torch starts any thread
-    import torch
-
-    from kmlc.errors import KmlcError
-
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    timing, t_all = {}, time.time()
-    pmap = pool.imap if pool else map
-    try:
+    steps = Steps()
+    with workers(args.jobs) as pmap:
         from nfs_rsize import train
 
-        def step(name, t0):
-            timing[name] = round(time.time() - t0, 1)
-            print(f"[{timing[name]:6.1f}s] {name}", flush=True)
-
-        t = time.time()
         x, y = train.collect(db, TRAIN_NETS, SEED, cfg["per_class"], pmap=pmap)
         np.save(work / "train_x.npy", x)
         np.save(work / "train_y.npy", y)
         np.save(cal_path, x)            # the fixed-point calibration: the training rows
-        step("training traces", t)
+        steps.done("training traces")
 
-        t = time.time()
         accs, conf = train.cross_validate(x, y, SEED, k=10, epochs=cfg["epochs"])
         merged = conf[:2, :2].sum() + np.trace(conf[2:, 2:])   # rr = rrwr: same rsize
-        step("10-fold cross-validation", t)
+        steps.done("10-fold cross-validation")
 
-        t = time.time()
         model = train.fit(x, y, SEED, cfg["epochs"])
         train.export(model, onnx_path)
-        step("train on all rows, export", t)
+        steps.done("train on all rows, export")
 
-        t = time.time()
-        outdirs = {"fixed": work / "fixed", "float": work / "float"}
-        compiled = {
-            "fixed": kmlc("compile", onnx_path, "-o", outdirs["fixed"], "--numerics", "fixed",
-                          "--calibration", cal_path, "--hooks", "nfs-rsize"),
-            "float": kmlc("compile", onnx_path, "-o", outdirs["float"], "--hooks", "nfs-rsize"),
-        }
-        built = {}
-        if not args.no_build and not args.quick and have_headers():
-            for p, d in outdirs.items():
-                built[p] = kmlc("build", d)
-        step("kmlc compile" + (" + build" if built else ""), t)
+        outdirs, compiled, built = compile_both(onnx_path, cal_path, "nfs-rsize", work,
+                                                not args.no_build and not args.quick)
+        steps.done("kmlc compile" + (" + build" if built else ""))
 
-        t = time.time()
         jobs = [(w, n, db, cfg["heldout_seed"], cfg["heldout_windows"])
                 for n in NETS for w in WORKLOADS]
         traces = dict(pmap(_heldout_job, jobs))
         agree = agreement(outdirs, model, traces)
         del traces
-        step("fixed vs float agreement", t)
+        steps.done("fixed vs float agreement")
 
-        t = time.time()
         jobs = [(w, n, p, db, cfg["eval_seed"], args.quick, outdirs, False)
                 for n in NETS for w in WORKLOADS for p in POLICIES]
         jobs += [(w, n, p, db, cfg["eval_seed"], args.quick, outdirs, True)
@@ -206,14 +156,8 @@ def pipeline(args) -> int:
         old: dict = {}
         for (o, n, w, p), r in pmap(_eval_job, jobs):
             (old if o else res).setdefault(n, {}).setdefault(w, {})[p] = r
-        step("simulations", t)
-    except KmlcError as e:
-        raise Fail(str(e)) from None
-    finally:
-        if pool:
-            pool.close()
-            pool.join()
-    timing["total"] = round(time.time() - t_all, 1)
+        steps.done("simulations")
+    timing = steps.total()
 
     from nfs_rsize.experiment import WINDOW_MS
     from nfs_rsize.nfs import NETS as PRESETS, RpcCosts

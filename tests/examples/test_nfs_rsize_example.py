@@ -3,8 +3,6 @@ and page-cache behaviour, the learned policy against the compiled module's
 own replay, and the one-command pipeline (quick mode) for reproducibility."""
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +18,8 @@ from nfs_rsize.experiment import (ExploreHook, LearnedHook, ra_419, rsize_table,
                                   run)
 from readahead import sim as S  # noqa: E402
 from readahead.workloads import Db  # noqa: E402
+from example_pipeline import (assert_one_line_errors, quick_runs,  # noqa: E402,F401
+                              readme_results)
 
 PAGE = S.PAGE_SIZE
 LAN, WAN = N.NETS["lan"], N.NETS["wan"]
@@ -270,21 +270,6 @@ def test_explore_rows_are_kmlc_features():
 
 # ---- the pipeline ----------------------------------------------------------------------
 
-def run_quick(workdir: Path) -> dict:
-    res = subprocess.run([sys.executable, str(EXAMPLE / "run.py"), "--quick", "--workdir",
-                          str(workdir)], capture_output=True, text=True, cwd=ROOT)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return json.loads((workdir / "results" / "results.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def quick_runs(tmp_path_factory):
-    pytest.importorskip("torch")
-    pytest.importorskip("matplotlib")
-    a, b = tmp_path_factory.mktemp("qa"), tmp_path_factory.mktemp("qb")
-    return (a, run_quick(a)), (b, run_quick(b))
-
-
 @pytest.mark.torch
 def test_quick_pipeline_is_reproducible(quick_runs):
     (da, a), (db_, b) = quick_runs
@@ -321,22 +306,15 @@ def test_checked_in_model_compiles_with_the_hook(tmp_path):
 def test_readme_shows_the_checked_in_results():
     """The README's results section is results/results.md, as run.py wrote
     it, and results.json holds the full run's numbers."""
-    readme = (EXAMPLE / "README.md").read_text()
-    block = readme.split("<!-- results:begin -->\n", 1)[1].split("<!-- results:end -->", 1)[0]
-    assert block == (EXAMPLE / "results" / "results.md").read_text()
-    r = json.loads((EXAMPLE / "results" / "results.json").read_text())
-    assert r["command"] == "python examples/nfs_rsize/run.py"
+    block, r = readme_results(EXAMPLE)
     base = r["results"]["wan"]["readseq"]["default"]["throughput_mb_s"]
     assert f"| wan | readseq | {base:.2f} |" in block
-    assert (EXAMPLE / "results" / "nfs_rsize.png").is_file()
 
 
 def test_bad_arguments_fail_with_one_line(tmp_path):
     (tmp_path / "file").write_text("")
-    for args, msg in ((["--jobs", "0"], "--jobs must be at least 1"),
-                      (["--bogus"], "unrecognized arguments: --bogus"),
-                      (["--quick", "--workdir", str(tmp_path / "file" / "w")],
-                       f"[Errno 20] Not a directory: '{tmp_path / 'file' / 'w'}'")):
-        r = subprocess.run([sys.executable, str(EXAMPLE / "run.py"), *args],
-                           capture_output=True, text=True)
-        assert r.returncode != 0 and r.stderr.strip().splitlines() == [f"run.py: {msg}"]
+    assert_one_line_errors(EXAMPLE, (
+        (["--jobs", "0"], "--jobs must be at least 1"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--quick", "--workdir", str(tmp_path / "file" / "w")],
+         f"[Errno 20] Not a directory: '{tmp_path / 'file' / 'w'}'")))
