@@ -283,6 +283,17 @@ def to_json(models, sweep, peaks, info, cmd, elapsed) -> dict:
                       for p in sweep]}
 
 
+def _loglog(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """Log-log axes of the sweep plot, gridded, with their labels and legend."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+
+
 def plot(out: Path, models, sweep, peaks) -> list[Path]:
     try:
         import matplotlib
@@ -334,25 +345,14 @@ def plot(out: Path, models, sweep, peaks) -> list[Path]:
                                ("sse2_mac", "C0", "SSE2 float roof")):
             a1.plot(macs, macs / peaks[roof] / core_hz * 1e9, "--", color=col, alpha=0.5,
                     label=f"{lab} ({peaks[roof]:.2f} MAC/cycle)")
-        a1.set_xscale("log")
-        a1.set_yscale("log")
-        a1.set_xlabel("MACs per inference (32-H-H-8, H = 16 ... 1024)")
-        a1.set_ylabel("ns per call (median)")
-        a1.grid(which="both", alpha=0.3)
-        a1.legend(fontsize=8)
-        a1.set_title("Time against work")
+        _loglog(a1, "MACs per inference (32-H-H-8, H = 16 ... 1024)", "ns per call (median)",
+                "Time against work")
         for numerics, col, st in (("float", "C0", "-o"), ("fixed", "C1", "-s")):
             ys = [p["sizes"][numerics]["weights"] + p["sizes"][numerics]["workspace"]
                   for p in sweep]
             a2.plot(macs, ys, st, color=col, label=f"kmlc {numerics}: weights + workspace",
                     mfc="none")
-        a2.set_xscale("log")
-        a2.set_yscale("log")
-        a2.set_xlabel("MACs per inference")
-        a2.set_ylabel("bytes")
-        a2.grid(which="both", alpha=0.3)
-        a2.legend(fontsize=8)
-        a2.set_title("Memory against work")
+        _loglog(a2, "MACs per inference", "bytes", "Memory against work")
         for p_, x in zip(sweep, macs):
             a2.annotate(f"H={p_['h']}", (x, p_["sizes"]["float"]["weights"]), fontsize=7,
                         textcoords="offset points", xytext=(-10, 6))

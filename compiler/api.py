@@ -105,16 +105,12 @@ def check_hooks(prog: Program, hooks, targets) -> list[str]:
                             f"'kml_{prog.name}', longer than device-mapper's "
                             f"{DM_MAX_TYPE_NAME - 1} characters: name the model in at most "
                             f"{DM_MAX_TYPE_NAME - 5} (--name)")
-    if "readahead" in out:
-        if prog.in_elems != 5 or prog.out_elems != 4 or len(prog.outputs) != 1 \
-                or prog.outputs[0].type.dtype.name == "i64":
-            raise KmlcError(f"the readahead hook feeds KML's 5 features and reads 4 class "
-                            f"scores; this model takes {prog.in_elems} and gives "
-                            f"{prog.out_elems}")
-    if "nfs-rsize" in out:
-        if prog.in_elems != 8 or prog.out_elems != 4 or len(prog.outputs) != 1 \
-                or prog.outputs[0].type.dtype.name == "i64":
-            raise KmlcError(f"the nfs-rsize hook feeds KML's 8 NFS features and reads 4 class "
+    for hook, n_in, what in (("readahead", 5, "KML's 5 features"),
+                             ("nfs-rsize", 8, "KML's 8 NFS features")):
+        if hook in out and (prog.in_elems != n_in or prog.out_elems != 4
+                            or len(prog.outputs) != 1
+                            or prog.outputs[0].type.dtype.name == "i64"):
+            raise KmlcError(f"the {hook} hook feeds {what} and reads 4 class "
                             f"scores; this model takes {prog.in_elems} and gives "
                             f"{prog.out_elems}")
     if len(out) > 1:

@@ -15,6 +15,7 @@
 const u8 kml_ra_float_frac[KML_RA_FEATURES] = KML_RA_FLOAT_FRAC;
 const u8 kml_nfs_float_frac[KML_NFS_FEATURES] = KML_NFS_FLOAT_FRAC;
 
+/* The batch extractors' slots (kml_slots()): the s64 id comes first. */
 struct kml_ra_file {
 	s64 id;
 	u64 t0;				/* when the open window started, ns */
@@ -66,11 +67,41 @@ int kml_ra_step(struct kml_ra_file *f, s64 t, s64 page, u32 ra_pages, u32 window
 	return 1;
 }
 
+/* Slots of the batch extractors: structs whose first member is an s64 id. */
 static int kml_cmp_id(const void *a, const void *b)
 {
-	s64 x = ((const struct kml_ra_file *)a)->id, y = ((const struct kml_ra_file *)b)->id;
+	s64 x = *(const s64 *)a, y = *(const s64 *)b;
 
 	return x < y ? -1 : x > y;
+}
+
+/*
+ * One zeroed slot of size bytes per distinct id in column col of the n
+ * rows of cols values in ev, sorted by id, which each slot starts with;
+ * *count gets their number.  NULL when out of memory.  Find a key's slot
+ * with kml_slot().
+ */
+static void *kml_slots(const s64 *ev, unsigned long n, unsigned int cols, unsigned int col,
+		       size_t size, unsigned long *count)
+{
+	unsigned char *slots = calloc(n ? n : 1, size);
+	unsigned long i, k = 0;
+
+	if (!slots)
+		return NULL;
+	for (i = 0; i < n; i++)
+		*(s64 *)(slots + i * size) = ev[cols * i + col];
+	qsort(slots, n, size, kml_cmp_id);
+	for (i = 0; i < n; i++)
+		if (!k || *(s64 *)(slots + (k - 1) * size) != *(s64 *)(slots + i * size))
+			*(s64 *)(slots + k++ * size) = *(s64 *)(slots + i * size);
+	*count = k;
+	return slots;
+}
+
+static void *kml_slot(void *slots, unsigned long count, size_t size, s64 id)
+{
+	return bsearch(&id, slots, count, size, kml_cmp_id);
 }
 
 /*
@@ -84,24 +115,16 @@ static int kml_cmp_id(const void *a, const void *b)
 long kml_ra_extract(const s64 *ev, unsigned long n, u32 window_events, u64 window_ns,
 		    const u8 *frac, s32 *features, s64 *closed_by)
 {
-	struct kml_ra_file *files, key;
-	unsigned long i, nfiles = 0, windows = 0;
+	struct kml_ra_file *files;
+	unsigned long i, nfiles, windows = 0;
 
-	files = calloc(n ? n : 1, sizeof(*files));
+	files = kml_slots(ev, n, 4, 1, sizeof(*files), &nfiles);	/* one per file id */
 	if (!files)
 		return -ENOMEM;
-	for (i = 0; i < n; i++)		/* one slot per distinct file id */
-		files[i].id = ev[4 * i + 1];
-	qsort(files, n, sizeof(*files), kml_cmp_id);
-	for (i = 0; i < n; i++)
-		if (!nfiles || files[nfiles - 1].id != files[i].id)
-			files[nfiles++].id = files[i].id;
 	for (i = 0; i < n; i++) {
 		const s64 *e = ev + 4 * i;
-		struct kml_ra_file *f;
+		struct kml_ra_file *f = kml_slot(files, nfiles, sizeof(*files), e[1]);
 
-		key.id = e[1];
-		f = bsearch(&key, files, nfiles, sizeof(*files), kml_cmp_id);
 		if (kml_ra_step(f, e[0], e[2], (u32)e[3], window_events, window_ns, frac,
 				features + windows * KML_RA_FEATURES))
 			closed_by[windows++] = (s64)i;
@@ -174,13 +197,6 @@ u32 kml_nfs_step_decide(struct kml_nfs_votes *v, u32 want, u32 k, u32 negotiated
 	return kml_nfs_decide(v, want, k, negotiated);
 }
 
-static int kml_cmp_mount(const void *a, const void *b)
-{
-	s64 x = ((const struct kml_nfs_mount *)a)->id, y = ((const struct kml_nfs_mount *)b)->id;
-
-	return x < y ? -1 : x > y;
-}
-
 /*
  * NFS rsize: ev holds n rows {time ns, kind, mount id, a, rsize}, in time
  * order: kind 0 a READ sent (a: offset), 1 a READ done (a: latency ns, -1
@@ -193,19 +209,13 @@ static int kml_cmp_mount(const void *a, const void *b)
 long kml_nfs_extract(const s64 *ev, unsigned long n, u64 window_ns, const u8 *frac,
 		     s32 *features, s64 *closed_by)
 {
-	struct kml_nfs_mount *mounts, key;
+	struct kml_nfs_mount *mounts;
 	struct kml_nfs_reclaim r = { 0, 0 };
-	unsigned long i, nmounts = 0, windows = 0;
+	unsigned long i, nmounts, windows = 0;
 
-	mounts = calloc(n ? n : 1, sizeof(*mounts));
+	mounts = kml_slots(ev, n, 5, 2, sizeof(*mounts), &nmounts);	/* one per mount id */
 	if (!mounts)
 		return -ENOMEM;
-	for (i = 0; i < n; i++)		/* one slot per distinct mount id */
-		mounts[i].id = ev[5 * i + 2];
-	qsort(mounts, n, sizeof(*mounts), kml_cmp_mount);
-	for (i = 0; i < n; i++)
-		if (!nmounts || mounts[nmounts - 1].id != mounts[i].id)
-			mounts[nmounts++].id = mounts[i].id;
 	for (i = 0; i < n; i++) {
 		const s64 *e = ev + 5 * i;
 		struct kml_nfs_mount *m;
@@ -214,8 +224,7 @@ long kml_nfs_extract(const s64 *ev, unsigned long n, u64 window_ns, const u8 *fr
 			kml_nfs_reclaimed(&r, (u64)e[3]);
 			continue;
 		}
-		key.id = e[2];
-		m = bsearch(&key, mounts, nmounts, sizeof(*mounts), kml_cmp_mount);
+		m = kml_slot(mounts, nmounts, sizeof(*mounts), e[2]);
 		if (kml_nfs_step(&m->w, &r, (unsigned int)e[1], (u64)e[0], (u64)e[3], (u32)e[4],
 				 window_ns, frac, features + windows * KML_NFS_FEATURES))
 			closed_by[windows++] = (s64)i;

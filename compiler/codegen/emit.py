@@ -54,25 +54,16 @@ def at(role: str, buf: Buffer, terms, zero=()) -> str:
     return f"{buf.name if buf.kind == 'const' else role}[{idx(terms, zero)}]"
 
 
-def act_call(act: str, params: dict, e: str) -> str:
+def act_call(act: str, params: dict, e: str, lanes: str = "") -> str:
+    """The float activation ACT applied to the C expression E; LANES "_x4"
+    calls kml_math.h's four-lane twin."""
     if act == "none":
         return e
     if act == "leaky_relu":
-        return f"kml_leaky_reluf({e}, {cfloat(params['alpha'])})"
+        return f"kml_leaky_reluf{lanes}({e}, {cfloat(params['alpha'])})"
     if act == "clip":
-        return f"kml_clipf({e}, {cfloat(params['min'])}, {cfloat(params['max'])})"
-    return f"kml_{act}f({e})"
-
-
-def act_call_x4(act: str, params: dict, e: str) -> str:
-    """``act_call`` on four lanes (kml_math.h's *_x4 twins)."""
-    if act == "none":
-        return e
-    if act == "leaky_relu":
-        return f"kml_leaky_reluf_x4({e}, {cfloat(params['alpha'])})"
-    if act == "clip":
-        return f"kml_clipf_x4({e}, {cfloat(params['min'])}, {cfloat(params['max'])})"
-    return f"kml_{act}f_x4({e})"
+        return f"kml_clipf{lanes}({e}, {cfloat(params['min'])}, {cfloat(params['max'])})"
+    return f"kml_{act}f{lanes}({e})"
 
 
 def nest(body: str, loops, depth: int = 1) -> str:
@@ -178,7 +169,7 @@ def matmul_view(k: Kernel) -> dict:
 
     v["epilogue"] = epilogue
     v["pre_x4"] = pre_x4
-    v["act_x4"] = lambda e: act_call_x4(p["act"], p["act_params"], e)  # noqa: E731
+    v["act_x4"] = lambda e: act_call(p["act"], p["act_params"], e, "_x4")  # noqa: E731
     wname = name("b") if "b" in ops else (ops.get("w") or ops["w_tail"]).name
     e = f"{name('a')} @ {wname}"
     if p["alpha"] is not None:

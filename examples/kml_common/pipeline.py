@@ -14,6 +14,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -132,6 +134,68 @@ class Steps:
     def total(self) -> dict:
         self.seconds["total"] = round(time.time() - self.start, 1)
         return self.seconds
+
+
+def example_paths(args, here: Path) -> tuple[Path, Path, Path, Path]:
+    """(work, out, onnx, calibration) of a trained example, the first two
+    created: a --quick run writes only under --workdir; a full run writes
+    the model, its calibration rows and the results next to run.py."""
+    work = args.workdir.resolve()
+    home = work if args.quick else here
+    out = (args.out or home / "results").resolve()
+    for d in (work, out):
+        d.mkdir(parents=True, exist_ok=True)
+    return (work, out, home / f"{here.name}.onnx",
+            work / "train_x.npy" if args.quick else here / "calibration.npy")
+
+
+def train_and_export(train, x, y, classes, seed: int, epochs: int, work: Path, cal_path: Path,
+                     onnx_path: Path, steps: "Steps"):
+    """Saves the training rows (also the fixed-point calibration), runs
+    10-fold cross-validation, fits on all rows and exports the ONNX model
+    with the example's ``train`` module.  Returns the model and the
+    training summary of results.json."""
+    np.save(work / "train_x.npy", x)
+    np.save(work / "train_y.npy", y)
+    np.save(cal_path, x)
+    steps.done("training traces")
+    accs, conf = train.cross_validate(x, y, seed, k=10, epochs=epochs)
+    # classes 0 and 1 (readrandom, readrandomwriterandom) share their setting
+    merged = conf[:2, :2].sum() + np.trace(conf[2:, 2:])
+    steps.done("10-fold cross-validation")
+    model = train.fit(x, y, seed, epochs)
+    train.export(model, onnx_path)
+    steps.done("train on all rows, export")
+    return model, {
+        "rows_per_class": dict(zip(classes, np.bincount(y, minlength=len(classes)).tolist())),
+        "feature_mean": x.mean(0).tolist(), "feature_std": x.std(0).tolist(),
+        "cv_accuracy": accs, "cv_mean": float(np.mean(accs)), "cv_std": float(np.std(accs)),
+        "cv_confusion": conf.tolist(),
+        "cv_accuracy_random_classes_merged": float(merged / conf.sum()),
+    }
+
+
+def agreement(outdirs: dict, traces: dict, windows, predict) -> dict:
+    """Decisions of the fixed and float twins in OUTDIRS, each with its own
+    feature encoding (``windows(events, frac)``, the example's kmlc.features
+    extractor) from the same event traces, and of the PyTorch model
+    (``predict(float_features)``), per trace key and in all."""
+    import kmlc
+
+    fx, fl = kmlc.load(outdirs["fixed"]), kmlc.load(outdirs["float"])
+    out, tot = {}, np.zeros(3, dtype=np.int64)
+    for key, ev in sorted(traces.items()):
+        wq, wf = windows(ev, fx.hook_frac), windows(ev, fl.hook_frac)
+        assert np.array_equal(wq.closed_by, wf.closed_by)
+        dq, df = fx.decide(wq.raw), fl.decide(wf.raw)
+        dt = predict(wf.values.astype(np.float32))
+        n = len(dq)
+        out["/".join(key)] = {"windows": n, "fixed_vs_float": int((dq == df).sum()),
+                              "float_vs_torch": int((df == dt).sum())}
+        tot += [n, (dq == df).sum(), (df == dt).sum()]
+    out["all"] = {"windows": int(tot[0]), "fixed_vs_float": int(tot[1]),
+                  "float_vs_torch": int(tot[2])}
+    return out
 
 
 def compile_both(onnx_path: Path, cal_path: Path, hooks: str, work: Path, build: bool):

@@ -15,11 +15,11 @@
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 
+from readahead.experiment import policy_table
 from readahead.sim import PAGE_SIZE, Cpu, File
 from readahead.workloads import APPEND, APPEND_BYTES, CLASSES, CpuCosts, Db, generate
 
@@ -41,13 +41,8 @@ def ra_419(rsize: int) -> int:
 
 
 def rsize_table(outdir: Path) -> list[int]:
-    """The class -> rsize table the compiled hook applies, read from its
-    generated <name>_policy.h (edit it there and recompile the module)."""
-    for h in sorted(Path(outdir, "kernel").glob("*_policy.h")):
-        m = re.search(r"_rsize\[[^\]]*\]\s*=\s*\{([^}]*)\}", h.read_text())
-        if m:
-            return [int(v) for v in m.group(1).replace(",", " ").split()]
-    raise FileNotFoundError(f"{outdir}: no NFS policy header (compile with --hooks nfs-rsize)")
+    """The class -> rsize table of a model compiled with --hooks nfs-rsize."""
+    return policy_table(outdir, "_rsize", "NFS", "nfs-rsize")
 
 
 class LearnedHook:

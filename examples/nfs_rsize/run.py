@@ -33,7 +33,8 @@ sys.path.insert(0, str(HERE.parent))            # examples/: nfs_rsize, readahea
 
 import numpy as np  # noqa: E402
 
-from kml_common.pipeline import (Steps, compile_both, example_main, machine,  # noqa: E402
+from kml_common.pipeline import (Steps, agreement, compile_both, example_main,  # noqa: E402
+                                 example_paths, machine, train_and_export,
                                  update_readme, workers)
 from readahead.workloads import CLASSES, WORKLOADS, Db  # noqa: E402
 
@@ -81,29 +82,16 @@ def _heldout_job(args):
     return (net, workload), np.array(trace, dtype=np.int64).reshape(-1, 5)
 
 
-def agreement(outdirs: dict, model, traces: dict) -> dict:
-    """Decisions of the fixed and float twins (each with its own feature
-    encoding, from the same event traces) and of the PyTorch model."""
-    import kmlc
+def twin_agreement(outdirs: dict, model, traces: dict) -> dict:
+    """Fixed twin vs float twin vs PyTorch on the held-out traces."""
     from kmlc import features
     from nfs_rsize.experiment import WINDOW_MS
     from nfs_rsize.train import predict
 
-    fx, fl = kmlc.load(outdirs["fixed"]), kmlc.load(outdirs["float"])
-    out, tot = {}, np.zeros(3, dtype=np.int64)
-    for (net, workload), ev in sorted(traces.items()):
-        wq = features.nfs(ev, window_ms=WINDOW_MS, frac=fx.hook_frac)
-        wf = features.nfs(ev, window_ms=WINDOW_MS, frac=fl.hook_frac)
-        assert np.array_equal(wq.closed_by, wf.closed_by)
-        dq, df = fx.decide(wq.raw), fl.decide(wf.raw)
-        dt = predict(model, wf.values.astype(np.float32))
-        n = len(dq)
-        out[f"{net}/{workload}"] = {"windows": n, "fixed_vs_float": int((dq == df).sum()),
-                                    "float_vs_torch": int((df == dt).sum())}
-        tot += [n, (dq == df).sum(), (df == dt).sum()]
-    out["all"] = {"windows": int(tot[0]), "fixed_vs_float": int(tot[1]),
-                  "float_vs_torch": int(tot[2])}
-    return out
+    def windows(ev, frac):
+        return features.nfs(ev, window_ms=WINDOW_MS, frac=frac)
+
+    return agreement(outdirs, traces, windows, lambda v: predict(model, v))
 
 
 def main(argv=None) -> int:
@@ -113,29 +101,14 @@ def main(argv=None) -> int:
 def pipeline(args) -> int:
     cfg = QUICK if args.quick else FULL
     db: Db = cfg["db"]
-    work = args.workdir.resolve()
-    out = (args.out or (work / "results" if args.quick else HERE / "results")).resolve()
-    onnx_path = work / "nfs_rsize.onnx" if args.quick else HERE / "nfs_rsize.onnx"
-    cal_path = work / "train_x.npy" if args.quick else HERE / "calibration.npy"
-    for d in (work, out):
-        d.mkdir(parents=True, exist_ok=True)
+    work, out, onnx_path, cal_path = example_paths(args, HERE)
     steps = Steps()
     with workers(args.jobs) as pmap:
         from nfs_rsize import train
 
         x, y = train.collect(db, TRAIN_NETS, SEED, cfg["per_class"], pmap=pmap)
-        np.save(work / "train_x.npy", x)
-        np.save(work / "train_y.npy", y)
-        np.save(cal_path, x)            # the fixed-point calibration: the training rows
-        steps.done("training traces")
-
-        accs, conf = train.cross_validate(x, y, SEED, k=10, epochs=cfg["epochs"])
-        merged = conf[:2, :2].sum() + np.trace(conf[2:, 2:])   # rr = rrwr: same rsize
-        steps.done("10-fold cross-validation")
-
-        model = train.fit(x, y, SEED, cfg["epochs"])
-        train.export(model, onnx_path)
-        steps.done("train on all rows, export")
+        model, training = train_and_export(train, x, y, CLASSES, SEED, cfg["epochs"], work,
+                                           cal_path, onnx_path, steps)
 
         outdirs, compiled, built = compile_both(onnx_path, cal_path, "nfs-rsize", work,
                                                 not args.no_build and not args.quick)
@@ -144,7 +117,7 @@ def pipeline(args) -> int:
         jobs = [(w, n, db, cfg["heldout_seed"], cfg["heldout_windows"])
                 for n in NETS for w in WORKLOADS]
         traces = dict(pmap(_heldout_job, jobs))
-        agree = agreement(outdirs, model, traces)
+        agree = twin_agreement(outdirs, model, traces)
         del traces
         steps.done("fixed vs float agreement")
 
@@ -168,13 +141,7 @@ def pipeline(args) -> int:
                    **{k: v for k, v in cfg.items() if k != "db"},
                    "policies": POLICIES, "nets": {n: PRESETS[n].__dict__ for n in TRAIN_NETS},
                    "rpc_costs": RpcCosts().__dict__},
-        "training": {
-            "rows_per_class": dict(zip(CLASSES, np.bincount(y, minlength=4).tolist())),
-            "feature_mean": x.mean(0).tolist(), "feature_std": x.std(0).tolist(),
-            "cv_accuracy": accs, "cv_mean": float(np.mean(accs)), "cv_std": float(np.std(accs)),
-            "cv_confusion": conf.tolist(),
-            "cv_accuracy_random_classes_merged": float(merged / conf.sum()),
-        },
+        "training": training,
         "compile": compiled, "build": built,
         "agreement": agree,
         "results": res,

@@ -25,14 +25,20 @@ WINDOW_EVENTS, WINDOW_MS = 64, 1000   # the hook's module parameters, at their d
 EXPLORE_RA = (2, 32, 80, 120)         # the values a file's ra_pages takes under the hook
 
 
-def class_table(outdir: Path) -> list[int]:
-    """The class -> ra_pages table the compiled hook applies, read from its
-    generated <name>_policy.h (edit it there and recompile the module)."""
+def policy_table(outdir: Path, array: str, what: str, hooks: str) -> list[int]:
+    """The class -> value table (the C array whose name ends in ARRAY) the
+    compiled hook applies, read from its generated <name>_policy.h (edit it
+    there and recompile the module)."""
     for h in sorted(Path(outdir, "kernel").glob("*_policy.h")):
-        m = re.search(r"_ra_pages\[[^\]]*\]\s*=\s*\{([^}]*)\}", h.read_text())
+        m = re.search(array + r"\[[^\]]*\]\s*=\s*\{([^}]*)\}", h.read_text())
         if m:
             return [int(v) for v in m.group(1).replace(",", " ").split()]
-    raise FileNotFoundError(f"{outdir}: no readahead policy header (compile with --hooks readahead)")
+    raise FileNotFoundError(f"{outdir}: no {what} policy header (compile with --hooks {hooks})")
+
+
+def class_table(outdir: Path) -> list[int]:
+    """The class -> ra_pages table of a model compiled with --hooks readahead."""
+    return policy_table(outdir, "_ra_pages", "readahead", "readahead")
 
 
 class LearnedHook:

@@ -50,3 +50,18 @@ def assert_one_line_errors(example: Path, cases) -> None:
         r = subprocess.run([sys.executable, str(example / "run.py"), *args],
                            capture_output=True, text=True)
         assert r.returncode != 0 and r.stderr.strip().splitlines() == [f"run.py: {msg}"]
+
+
+def compile_with_hook(onnx: Path, calibration: Path, hooks: str, tmp: Path) -> tuple[Path, Path]:
+    """The example's checked-in model (small) compiled with its hook, fixed
+    point on CALIBRATION and float, by the kmlc command line: (fixed, float)."""
+    from conftest import kmlc_cli
+
+    assert onnx.is_file() and onnx.stat().st_size < 20_000
+    fx, fl = tmp / "fx", tmp / "fl"
+    r = kmlc_cli("compile", onnx, "-o", fx, "--numerics", "fixed", "--calibration", calibration,
+                 "--hooks", hooks)
+    assert r.returncode == 0, r.stderr
+    r = kmlc_cli("compile", onnx, "-o", fl, "--hooks", hooks)
+    assert r.returncode == 0, r.stderr
+    return fx, fl

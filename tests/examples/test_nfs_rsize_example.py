@@ -18,8 +18,8 @@ from nfs_rsize.experiment import (ExploreHook, LearnedHook, ra_419, rsize_table,
                                   run)
 from readahead import sim as S  # noqa: E402
 from readahead.workloads import Db  # noqa: E402
-from example_pipeline import (assert_one_line_errors, quick_runs,  # noqa: E402,F401
-                              readme_results)
+from example_pipeline import (assert_one_line_errors, compile_with_hook,  # noqa: E402,F401
+                              quick_runs, readme_results)
 
 PAGE = S.PAGE_SIZE
 LAN, WAN = N.NETS["lan"], N.NETS["wan"]
@@ -290,17 +290,10 @@ def test_quick_pipeline_is_reproducible(quick_runs):
 
 def test_checked_in_model_compiles_with_the_hook(tmp_path):
     """From a fresh clone: the model and its calibration rows as checked in."""
-    from conftest import kmlc_cli
-
-    onnx = EXAMPLE / "nfs_rsize.onnx"
-    assert onnx.is_file() and onnx.stat().st_size < 20_000
-    r = kmlc_cli("compile", onnx, "-o", tmp_path / "fx", "--numerics", "fixed",
-                 "--calibration", EXAMPLE / "calibration.npy", "--hooks", "nfs-rsize")
-    assert r.returncode == 0, r.stderr
-    r = kmlc_cli("compile", onnx, "-o", tmp_path / "fl", "--hooks", "nfs-rsize")
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "fx" / "kernel" / "nfs_rsize_nfs.c").is_file()
-    assert rsize_table(tmp_path / "fl") == [4096, 4096, 262144, 262144]
+    fx, fl = compile_with_hook(EXAMPLE / "nfs_rsize.onnx", EXAMPLE / "calibration.npy",
+                               "nfs-rsize", tmp_path)
+    assert (fx / "kernel" / "nfs_rsize_nfs.c").is_file()
+    assert rsize_table(fl) == [4096, 4096, 262144, 262144]
 
 
 def test_readme_shows_the_checked_in_results():

@@ -17,8 +17,8 @@ sys.path.insert(0, str(EXAMPLE.parent))
 from readahead import sim as S  # noqa: E402
 from readahead.experiment import ExploreHook, LearnedHook, class_table, run  # noqa: E402
 from readahead.workloads import Db  # noqa: E402
-from example_pipeline import (assert_one_line_errors, quick_runs,  # noqa: E402,F401
-                              readme_results)
+from example_pipeline import (assert_one_line_errors, compile_with_hook,  # noqa: E402,F401
+                              quick_runs, readme_results)
 
 PAGE = S.PAGE_SIZE
 NVME = S.DEVICES["nvme"]
@@ -284,17 +284,10 @@ def test_quick_pipeline_is_reproducible(quick_runs):
 @pytest.mark.torch
 def test_checked_in_model_compiles_with_the_hook(quick_runs, tmp_path):
     (workdir, _), _ = quick_runs
-    from conftest import kmlc_cli
-
-    onnx = EXAMPLE / "readahead.onnx"
-    assert onnx.is_file() and onnx.stat().st_size < 20_000
-    r = kmlc_cli("compile", onnx, "-o", tmp_path / "fx", "--numerics", "fixed",
-                 "--calibration", workdir / "train_x.npy", "--hooks", "readahead")
-    assert r.returncode == 0, r.stderr
-    r = kmlc_cli("compile", onnx, "-o", tmp_path / "fl", "--hooks", "readahead")
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "fx" / "kernel" / "readahead_ra.c").is_file()
-    assert class_table(tmp_path / "fl") == [2, 2, 80, 120]
+    fx, fl = compile_with_hook(EXAMPLE / "readahead.onnx", workdir / "train_x.npy", "readahead",
+                               tmp_path)
+    assert (fx / "kernel" / "readahead_ra.c").is_file()
+    assert class_table(fl) == [2, 2, 80, 120]
 
 
 def test_readme_shows_the_checked_in_results():
