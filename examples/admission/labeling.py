@@ -27,15 +27,23 @@ account"):
 
 The paper finds the thresholds of steps 2 and 4 with a gradient-descent
 search per data set (§3.1, Figure 3d); its artifact, and this example, use
-the fixed values above (drop factor 1.7, runs of 3).
+the fixed values above (drop factor 1.7, runs of 3).  ``Params`` holds
+them; ablation.py searches them on the training traces.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-DROP = 1.7          # throughput drop that can start a slow period
-FUTURE = 3          # I/Os that must be fast to end one
-SHORT = 3           # slow runs this short are noise
+
+class Params(NamedTuple):
+    drop: float = 1.7       # throughput drop that can start a slow period
+    future: int = 3         # I/Os that must be fast to end one
+    short: int = 3          # slow runs this short are noise
+
+
+ARTIFACT = Params()
 
 
 def tangent_ip(values) -> tuple[float, float]:
@@ -61,10 +69,12 @@ def thresholds(lat, thpt) -> tuple[float, float, float, float]:
             float(np.percentile(thpt, 50)))
 
 
-def period_labels(latency_us, size, limits=None) -> tuple[np.ndarray, np.ndarray]:
+def period_labels(latency_us, size, limits=None,
+                  params: Params = ARTIFACT) -> tuple[np.ndarray, np.ndarray]:
     """(labels, keep): 1 for an I/O in a slow period; ``keep`` is False for
     the noise the 3 stages remove.  I/Os in submission order; ``limits``
-    overrides ``thresholds()``."""
+    overrides ``thresholds()``, ``params`` the artifact's constants."""
+    min_drop, future, short = params
     lat = np.asarray(latency_us, dtype=np.float64)
     thpt = np.round(np.asarray(size, dtype=np.float64) / lat)
     n = len(lat)
@@ -72,10 +82,10 @@ def period_labels(latency_us, size, limits=None) -> tuple[np.ndarray, np.ndarray
 
     prev = np.concatenate([[0.0], thpt[:-1]])
     drop = np.round(prev / (thpt + 0.1), 1)
-    start = ~((thpt > ip_thpt) | (lat < ip_lat)) & (drop >= DROP)
+    start = ~((thpt > ip_thpt) | (lat < ip_lat)) & (drop >= min_drop)
     # fast[k]: reads k .. k+2 all have throughput >= median (missing ones count as 0)
-    ok = np.concatenate([thpt >= med_thpt, np.zeros(FUTURE - 1, bool)])
-    fast = np.all([ok[j:j + n] for j in range(FUTURE)], axis=0)
+    ok = np.concatenate([thpt >= med_thpt, np.zeros(future - 1, bool)])
+    fast = np.all([ok[j:j + n] for j in range(future)], axis=0)
 
     slow = np.zeros(n, bool)
     i = 0
@@ -100,7 +110,7 @@ def period_labels(latency_us, size, limits=None) -> tuple[np.ndarray, np.ndarray
             while j < len(s) - 1:
                 j += 1
                 if not s[j]:
-                    if run <= SHORT:
+                    if run <= short:
                         keep[idx[j - run:j]] = False
                     break
                 run += 1

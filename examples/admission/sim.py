@@ -250,13 +250,15 @@ def pages(size: int) -> int:
 class HeimdallView:
     """Heimdall's 11 features as the admission hook computes them: the
     module's own C through ``kmlc.features.AdmissionStream``.  Its history
-    takes every completion the hook records, reads and writes alike."""
-    sees_writes = True
+    takes every completion the hook records, reads and writes alike; with
+    ``sees_writes=False``, the reads' only (writes still count in the queue
+    length): the module with ``history_writes=0``."""
 
-    def __init__(self, frac):
+    def __init__(self, frac, sees_writes: bool = True):
         from kmlc.features import AdmissionStream
 
         self.stream = AdmissionStream(frac=frac)
+        self.sees_writes = sees_writes
 
     def read(self, size, inflight):
         return self.stream.read(size, inflight)
@@ -314,14 +316,15 @@ class AdmissionHook:
     * a read or write sent to the primary records its queue length at
       submit (``inflight`` before it is counted) and, at end_io(), its
       latency (from map() to completion: queueing included) and bytes into
-      the view's history (a view that does not ``sees_writes``, LinnOS's,
-      is given the reads only); reads sent to the replica are not
-      recorded.
+      the view's history (a view that does not ``sees_writes``, LinnOS's
+      or Heimdall's with the module's ``history_writes=0``, is given the
+      reads only); reads sent to the replica are not recorded.
 
     With the HeimdallView and ``twin.decide`` this is exactly what the
     module does (the tests replay ``events`` through ``twin.admit_replay``:
     rows (0, size, inflight, 0) per read, (1 or 2, qlen, latency ns, bytes)
-    per completion of a read or a write on the primary).  With ``trace``,
+    per completion of a read or a write that entered the history, as the
+    module traces them).  With ``trace``,
     ``log`` also keeps every I/O sent to the primary in submission order,
     [1 read or 2 write, bytes, latency ns], for the labels."""
 
@@ -369,10 +372,12 @@ class AdmissionHook:
     def end_io(self, token, latency_ns: int, nbytes: int) -> None:
         kind, qlen, vtoken, idx = token
         self.inflight -= 1
-        if kind == READ_DONE or self.view.sees_writes:
+        entered = kind == READ_DONE or self.view.sees_writes
+        if entered:
             self.view.complete(vtoken, qlen, latency_ns, nbytes)
         if self.events is not None:
-            self.events.append((kind, qlen, latency_ns, nbytes))
+            if entered:            # the module traces what entered the history
+                self.events.append((kind, qlen, latency_ns, nbytes))
             self.log[idx][2] = latency_ns
 
 
@@ -406,10 +411,13 @@ class Admission(Policy):
                 for k in ("reads", "declined", "probes", "to_replica", "writes")}
 
 
-def heimdall(size, decide, frac, probe_every: int = 64, trace: bool = False) -> Admission:
+def heimdall(size, decide, frac, probe_every: int = 64, trace: bool = False,
+             history_writes: bool = True) -> Admission:
     """The learned policy: Heimdall's features and the compiled model
-    (``twin.decide``), or ``lambda f: 0`` to record training data."""
-    return Admission("heimdall", size, lambda: HeimdallView(frac), decide, probe_every, trace)
+    (``twin.decide``), or ``lambda f: 0`` to record training data.
+    ``history_writes=False``: see HeimdallView."""
+    return Admission("heimdall", size, lambda: HeimdallView(frac, history_writes), decide,
+                     probe_every, trace)
 
 
 def linnos(size, model=None, probe_every: int = 64, record: bool = False) -> Admission:

@@ -48,9 +48,11 @@ class Data:
     events: list = None     # Heimdall: per stream, the hook's events (kmlc.features rows)
     halves: list = None     # per stream, its rows' ``train``
     gc: np.ndarray = None   # Heimdall: the read arrived during its primary's GC (ground truth)
+    logs: list = None       # Heimdall: per stream, the hook's log (``read_labels``)
 
 
-def read_labels(log, label_on: str = "all", limits=None) -> tuple[np.ndarray, np.ndarray]:
+def read_labels(log, label_on: str = "all", limits=None,
+                params: labeling.Params = labeling.ARTIFACT) -> tuple[np.ndarray, np.ndarray]:
     """Heimdall's period labels for the reads in a hook's ``log`` (every I/O
     it sent to its primary, in submission order: [1 read or 2 write, bytes,
     latency ns]), as (labels, keep) per read.  ``label_on="all"``: the
@@ -58,15 +60,15 @@ def read_labels(log, label_on: str = "all", limits=None) -> tuple[np.ndarray, np
     the reads' labels are kept, as Heimdall's artifact does (tail_v1.py
     labels every I/O of the device's replayed trace, sorted by submission;
     feat_v6.py then marks writes non-rejectable and keeps the reads).
-    ``"reads"``: over the reads alone (for comparison).  ``limits``:
-    see ``labeling.period_labels``."""
+    ``"reads"``: over the reads alone (for comparison).  ``limits`` and
+    ``params``: see ``labeling.period_labels``."""
     log = np.array(log, dtype=np.int64).reshape(-1, 3)
     if label_on == "reads":
         log = log[log[:, 0] == 1]
     elif label_on != "all":
         raise ValueError(label_on)
     lat_us = np.maximum(1, log[:, 2] // 1000)           # as the hook floors it
-    y, keep = labeling.period_labels(lat_us, log[:, 1], limits)
+    y, keep = labeling.period_labels(lat_us, log[:, 1], limits, params)
     r = log[:, 0] == 1
     return y[r], keep[r]
 
@@ -102,7 +104,7 @@ def collect(seeds, cfg, label_on: str = "all") -> tuple[Data, Data, Data, dict]:
             half = np.arange(len(y)) < len(y) // 2
             # the device state, which no real system sees (for the diagnostics)
             gc = np.array([tr.gc_episode(c, t) >= 0 for t in rtime[m].tolist()])
-            H.append((f, y, keep, half, ev, gc))
+            H.append((f, y, keep, half, ev, gc, rec.hooks[c].log))
             _, cut = labeling.cutoff_labels(lat_us[half])        # from the training half
             yl = (lat_us >= cut).astype(np.int64)
             L.append((np.array(lin.hooks[c].view.rows, np.float64), yl, half))
@@ -121,7 +123,7 @@ def collect(seeds, cfg, label_on: str = "all") -> tuple[Data, Data, Data, dict]:
     cat = np.concatenate
     heim = Data(cat([h[0] for h in H]), cat([h[1] for h in H]), cat([h[2] for h in H]),
                 cat([h[3] for h in H]), [h[4] for h in H], [h[3] for h in H],
-                cat([h[5] for h in H]))
+                cat([h[5] for h in H]), [h[6] for h in H])
 
     def lin_data(parts):
         y = cat([p[1] for p in parts])

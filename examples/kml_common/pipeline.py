@@ -25,7 +25,7 @@ class Fail(Exception):
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):            # one line, no usage dump
-        print(f"run.py: {message}", file=sys.stderr)
+        print(f"{self.prog}: {message}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -154,6 +154,32 @@ def test_hook_bookkeeping_hand_computed():
     assert (hook.writes, hook.inflight) == (1, 3) and token[:2] == (sim.WRITE_DONE, 2)
 
 
+def test_reads_only_history_hand_computed():
+    """The ablation's hook variant: write completions leave the history
+    alone but the write still counts in the queue length; the training
+    features (recorded events, write completions dropped) are the ones the
+    variant computes in the closed loop."""
+    from kmlc.features import ADMIT_FRAC
+
+    from admission import ablation, train
+
+    tr = hand_trace([(0, 0, 1, 8192), (1, 0, 0, 4096), (2, 1, 0, 4096), (3, 0, 0, 8192),
+                     (60, 0, 0, 4096)], units=4,
+                    normal=[[50, 100, 100, 100, 100], [30, 100, 100, 100, 100]])
+    seen = []
+    pol = sim.heimdall(tr.size, lambda f: seen.append(f.tolist()) or 0, ADMIT_FRAC, trace=True,
+                       history_writes=False)
+    sim.simulate(tr, pol)
+    # as in test_hook_bookkeeping_hand_computed, but the read at 60 us has an
+    # empty history: the write (done at 50 us) is not in it; it was in flight
+    # for the two reads before (queue length 1, 2)
+    assert seen == [[4096, 1] + [0] * 9, [4096, 1] + [0] * 9, [8192, 2] + [0] * 9,
+                    [4096, 2] + [0] * 9]
+    ev = np.array(pol.hooks[0].events, np.int64)
+    data = train.Data(None, None, None, None, events=[ev])
+    assert ablation.features_of(data, False).tolist() == [seen[0], seen[2], seen[3]]
+
+
 def test_simulation_is_closed_loop_and_deterministic():
     cfg = traces.Config(duration_s=0.3, units=2)       # 2 servers: reads queue
     tr = traces.generate(7, cfg)
@@ -214,6 +240,29 @@ def test_period_labels_over_every_io_on_the_primary():
     assert keep.tolist() == [True, False, False, False, False, True, True, True, True]
 
 
+def test_period_label_constants():
+    """``labeling.Params``: the constants the ablation searches, on the
+    hand-made sequence of test_period_labels_hand_made."""
+    seq = [(50, 100), (200, 20), (200, 20), (50, 100), (200, 20), (200, 20), (50, 100),
+           (50, 100), (50, 60), (150, 40), (50, 100), (200, 20), (200, 20), (50, 100),
+           (50, 100), (50, 100), (50, 100)]
+    lat, size = [a for a, _ in seq], [a * b for a, b in seq]
+    limits = (100, 50, 60, 60)
+    # every start drops 100 / 20.1 = 5.0: a drop of 6 starts no period
+    y, _ = labeling.period_labels(lat, size, limits, labeling.Params(drop=6.0))
+    assert not y.any()
+    # two fast reads end a period: read 3 is followed by a slow one, so read 6
+    # still ends the first and read 13 the second
+    y, _ = labeling.period_labels(lat, size, limits, labeling.Params(future=2))
+    assert np.flatnonzero(y).tolist() == [1, 2, 3, 4, 5, 11, 12]
+    # one fast read ends a period: read 3 ends the first; read 4 starts a new one
+    y, keep = labeling.period_labels(lat, size, limits, labeling.Params(future=1))
+    assert np.flatnonzero(y).tolist() == [1, 2, 4, 5, 11, 12]
+    # runs of at most 1 are noise: the run 11-12 stays
+    y, keep = labeling.period_labels(lat, size, limits, labeling.Params(short=1))
+    assert np.flatnonzero(~keep).tolist() == [3, 9]
+
+
 def test_cutoff_labels():
     # IP at 20 us, at the 87.3th percentile; the cutoff is the latency there,
     # and a read at the cutoff is slow (LinnOS's training script: fast if < cutoff)
@@ -259,6 +308,16 @@ def test_learned_policy_is_the_modules_decisions(tmp_path):
         assert not np.array_equal(twin.admit_replay(ev[ev[:, 0] != 2])[0], feats)
     declined = sum(h.declined for h in pol.hooks)
     assert 0 < declined < len(out.latency_ns)
+    # the module with history_writes=0: its trace holds the reads' completions
+    # only, and replaying it gives the decisions the simulated hook took
+    ro = sim.heimdall(tr.size, lambda f: twin.decide(f)[0], twin.hook_frac, trace=True,
+                      history_writes=False)
+    out_ro = sim.simulate(tr, ro)
+    for hook in ro.hooks:
+        ev = np.array(hook.events, np.int64)
+        assert hook.writes == sum(tr.write) and not (ev[:, 0] == 2).any()
+        assert twin.admit_replay(ev)[1].tolist() == hook.decisions
+    assert not np.array_equal(out_ro.latency_ns, out.latency_ns)
 
 
 # ---- the pipeline -----------------------------------------------------------------------
@@ -316,6 +375,38 @@ def test_quick_pipeline_is_reproducible(tmp_path):
         assert evaluate.rounded(again[name][0], 5) == r["seeds"][1][name], name
 
 
+@pytest.mark.torch
+def test_quick_ablation(tmp_path):
+    """ablation.py end to end: every variant is evaluated, the searched
+    labels are the grid point with the lowest training-seed average (and
+    re-simulating that model gives that average again), and the table's
+    counts are the per-seed numbers'."""
+    pytest.importorskip("torch")
+    res = subprocess.run([sys.executable, str(EXAMPLE / "ablation.py"), "--quick", "--out",
+                          str(tmp_path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads((tmp_path / "ablation.json").read_text())
+    names = [row["name"] for row in r["rows"]]
+    assert names == ["all_artifact", "all_gc", "reads_artifact", "reads_searched", "reads_gc"]
+    assert set(r["eval"]) == {*names, "baseline", "c3", "linnos"}
+    assert len(r["search"]) == 2 and r["eval"]["baseline"][1] == 0
+    best = min(r["search"], key=lambda g: g["avg"])
+    assert r["train"]["reads_searched"][0] == best["avg"]
+    assert "drop {drop}, future {future}".format(**best) in r["rows"][3]["labels"]
+    md = (tmp_path / "ablation.md").read_text()
+    lin = r["eval"]["linnos"][2]
+    learned = [line for line in md.splitlines() if line.startswith("| learned |")]
+    assert len(learned) == len(names)
+    for row, line in zip(r["rows"], learned):
+        per = r["eval"][row["name"]][2]
+        wins = sum(a < b for a, b in zip(per, lin))
+        assert row["labels"] in line and f"| {wins}/{len(per)} |" in line
+    bad = subprocess.run([sys.executable, str(EXAMPLE / "ablation.py"), "--seeds", "0"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == ["ablation.py: --seeds must be at least 1"]
+
+
 def test_readme_shows_the_checked_in_results():
     results = (EXAMPLE / "results" / "results.md").read_text()
     readme = (EXAMPLE / "README.md").read_text()
@@ -323,3 +414,7 @@ def test_readme_shows_the_checked_in_results():
     assert table and all(line in readme for line in table[:10])
     assert json.loads((EXAMPLE / "results" / "results.json").read_text())["settings"][
         "eval_seeds"] == [0, 49]
+    ablation = (EXAMPLE / "results" / "ablation.md").read_text().split("Label search")[0]
+    table = [line for line in ablation.splitlines() if line.startswith("| learned")]
+    assert len(table) == 5 and all(line in readme for line in table)
+    assert json.loads((EXAMPLE / "results" / "ablation.json").read_text())["eval_seeds"] == 50

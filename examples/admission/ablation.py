@@ -1,0 +1,234 @@
+"""What holds the learned admission policy back in this simulator: the
+hook's history or the labels?
+
+    .venv/bin/python examples/admission/ablation.py            # 3-4 minutes on 2 cores
+    .venv/bin/python examples/admission/ablation.py --quick    # a small run (tests)
+
+Variants of the learned pipeline of run.py (same traces, features,
+11 -> 128 -> 16 -> 1 model, training and fixed-point compile), along two
+axes:
+
+  history  what the hook's history of the last three completions holds:
+           every read and write completed on the primary (the module, as
+           Heimdall's kernel integration records every bio), or the reads
+           only, writes still counted in the queue length (as LinnOS's
+           block-layer history): the module's ``history_writes=0``,
+           ``sim.heimdall(history_writes=False)``
+  labels   Heimdall's period labels with its artifact's constants (drop
+           1.7, 3 fast I/Os end a period, runs of 3 are noise); with the
+           constants a grid search picks by the closed-loop average read
+           latency on the *training* traces (the paper searches its
+           thresholds per data set, §3.1); or the simulator's GC state,
+           which no real system has (an upper bound for the labels)
+
+Each variant is trained on the training seeds (1000..) and evaluated in
+the closed loop on evaluation seeds 0..N-1, next to the baseline, C3 and
+the LinnOS-like model behind the hook (its run.py model, retrained here
+identically).  Selection never sees an evaluation seed.  Writes
+OUT/ablation.md and OUT/ablation.json (OUT: examples/admission/results).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import numpy as np  # noqa: E402
+
+from admission import evaluate, labeling, sim, traces, train  # noqa: E402
+from kml_common.pipeline import Fail, Parser, kmlc, machine, missing_packages  # noqa: E402
+
+TRAIN_SEEDS = 1000
+GRID = {"drop": (1.7, 5.0), "future": (2, 3), "short": (3, 10), "label_on": ("all", "reads")}
+
+
+def settings(quick: bool, seeds: int | None) -> dict:
+    if quick:
+        return {"train_seeds": 3, "eval_seeds": seeds or 2, "epochs": 8,
+                "cfg": traces.Config(duration_s=2.0),
+                "grid": {"drop": (1.7,), "future": (2, 3), "short": (3,), "label_on": ("all",)}}
+    return {"train_seeds": 8, "eval_seeds": seeds or 50, "epochs": 12,
+            "cfg": traces.Config(duration_s=2.0), "grid": GRID}
+
+
+def features_of(data: train.Data, history_writes: bool) -> np.ndarray:
+    """The features of every read with the history as chosen: the hook's
+    recorded events, write completions dropped for a reads-only history."""
+    from kmlc import features
+
+    if history_writes:
+        return data.x
+    return np.concatenate([features.admission(ev[ev[:, 0] != sim.WRITE_DONE]).values
+                           for ev in data.events])
+
+
+def labels_of(data: train.Data, label_on: str, params: labeling.Params):
+    ys = [train.read_labels(log, label_on, params=params) for log in data.logs]
+    return np.concatenate([y for y, _ in ys]), np.concatenate([k for _, k in ys])
+
+
+def compiled(x, y, keep, data, epochs, work: Path, tag: str) -> str:
+    """Trains the model on the training halves, compiles it fixed with the
+    hook (as run.py does), returns the output directory."""
+    model = train.train_heimdall(train.Data(x, y, keep, data.train), epochs=epochs)
+    onnx, cal, out = work / f"{tag}.onnx", work / f"{tag}_cal.npy", work / tag
+    train.export(model, 11, onnx)
+    xt = x[data.train]
+    np.save(cal, xt[np.linspace(0, len(xt) - 1, min(4000, len(xt))).astype(int)]
+            .astype(np.float32))
+    kmlc("compile", onnx, "-o", out, "--target", "kernel", "--target", "user", "--numerics",
+         "fixed", "--calibration", cal, "--hooks", "admission", "--name", "abl")
+    return str(out)
+
+
+def run_seed(seed: int, cfg: traces.Config, variants: dict, linnos_dir: str | None) -> dict:
+    """Average read latency (us) and reroute rate of each variant on one
+    trace; with ``linnos_dir``, also of the baseline, C3 and LinnOS-like."""
+    import kmlc as api
+
+    tr = traces.generate(seed, cfg)
+    out = {}
+
+    def record(name, res):
+        out[name] = (float(res.latency_ns.mean() / 1000), float(res.rerouted.mean()))
+
+    for name, (d, history_writes) in variants.items():
+        tw = api.load(d)
+        record(name, sim.simulate(tr, sim.heimdall(tr.size, lambda f, tw=tw: tw.decide(f)[0],
+                                                   tw.hook_frac,
+                                                   history_writes=history_writes)))
+    if linnos_dir:
+        lin = api.load(linnos_dir)
+
+        def slow(row):
+            y = lin.run_raw(np.array([row], np.float32))[0]
+            return y[1] > y[0]
+        record("baseline", sim.simulate(tr, sim.Policy()))
+        record("c3", sim.simulate(tr, sim.C3()))
+        record("linnos", sim.simulate(tr, sim.linnos(tr.size, slow)))
+    return out
+
+
+def sweep(ex, seeds, cfg, variants, linnos_dir=None) -> dict:
+    """{name: (mean avg us, mean reroute, per-seed avgs)} over ``seeds``."""
+    runs = list(ex.map(run_seed, seeds, [cfg] * len(seeds), [variants] * len(seeds),
+                       [linnos_dir] * len(seeds)))
+    return {k: (float(np.mean([r[k][0] for r in runs])), float(np.mean([r[k][1] for r in runs])),
+                [r[k][0] for r in runs]) for k in runs[0]}
+
+
+def markdown(res: dict, run: dict) -> str:
+    ev, rows = res["eval"], res["rows"]
+    lin = ev["linnos"][2]
+    lines = [
+        "# Admission ablation: the hook's history and the labels",
+        "",
+        f"Command: `{res['command']}`, {run['timing_s']['total']:.0f} s on {run['machine']}.  "
+        f"Training seeds {res['train_seeds'][0]}-{res['train_seeds'][-1]}, evaluation seeds "
+        f"0-{res['eval_seeds'] - 1}; average read latency in us, mean over seeds of each "
+        "seed's average.  See ablation.py's docstring for the variants.",
+        "",
+        "| policy | history | labels | avg (us), evaluation seeds | reroute rate "
+        "| lower avg than LinnOS-like on | avg (us), training seeds |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for name, label in (("baseline", "baseline (always primary)"), ("c3", "C3"),
+                        ("linnos", "LinnOS-like, behind the kmlc hook")):
+        lines.append(f"| {label} | | | {ev[name][0]:.1f} | {100 * ev[name][1]:.1f}% | "
+                     f"| {res['train'].get(name, (float('nan'),))[0]:.1f} |")
+    for r in rows:
+        avg, rr, per = ev[r["name"]]
+        wins = sum(a < b for a, b in zip(per, lin))
+        lines.append(f"| learned | {r['history']} | {r['labels']} | {avg:.1f} | {100 * rr:.1f}% "
+                     f"| {wins}/{len(per)} | {res['train'][r['name']][0]:.1f} |")
+    lines += ["", "Label search on the training traces (reads-only history; closed-loop "
+              "average read latency, us, mean over the training seeds):", "",
+              "| drop | future | short | labels over | slow reads | avg (us) |",
+              "|---:|---:|---:|---|---:|---:|"]
+    for g in res["search"]:
+        lines.append(f"| {g['drop']} | {g['future']} | {g['short']} | {g['label_on']} "
+                     f"| {100 * g['slow']:.1f}% | {g['avg']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = Parser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a small run (tests)")
+    p.add_argument("--seeds", type=int, help="evaluation seeds (default 50; --quick: 2)")
+    p.add_argument("--out", type=Path, default=HERE / "results",
+                   help="where ablation.md and ablation.json go (default: results/)")
+    p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    a = p.parse_args(argv)
+    if a.seeds is not None and a.seeds < 1:
+        p.error("--seeds must be at least 1")
+    if a.jobs < 1:
+        p.error("--jobs must be at least 1")
+    if (msg := missing_packages()):
+        raise Fail(msg)
+    S = settings(a.quick, a.seeds)
+    t_start = time.perf_counter()
+    seeds = list(range(TRAIN_SEEDS, TRAIN_SEEDS + S["train_seeds"]))
+    eval_seeds = list(range(S["eval_seeds"]))
+    data, lin, _, _ = train.collect(seeds, S["cfg"])
+    x_ro = features_of(data, False)
+    gc = data.gc.astype(np.int64), np.ones(len(data.gc), bool)
+    with tempfile.TemporaryDirectory() as tmp, \
+            ProcessPoolExecutor(a.jobs, mp_context=get_context("spawn")) as ex:
+        work = Path(tmp)
+        onnx = work / "linnos.onnx"
+        train.export(train.train_linnos(lin), 31, onnx)
+        kmlc("compile", onnx, "-o", work / "linnos", "--target", "user")
+        # the label search: reads-only history, training seeds only
+        search = []
+        keys = list(S["grid"])
+        for i, vals in enumerate(itertools.product(*S["grid"].values())):
+            g = dict(zip(keys, vals))
+            params = labeling.Params(g["drop"], g["future"], g["short"])
+            y, keep = labels_of(data, g["label_on"], params)
+            d = compiled(x_ro, y, keep, data, S["epochs"], work, f"s{i}")
+            avg = sweep(ex, seeds, S["cfg"], {"v": (d, False)})["v"][0]
+            search.append({**g, "slow": float(y.mean()), "avg": avg, "dir": d})
+            print(f"search {g}: {avg:.1f} us on the training seeds", flush=True)
+        best = min(search, key=lambda g: g["avg"])
+        art = labels_of(data, "all", labeling.ARTIFACT)
+        rows = [("all_artifact", "every I/O", "period, artifact's constants", data.x, art, True),
+                ("all_gc", "every I/O", "GC state", data.x, gc, True),
+                ("reads_artifact", "reads", "period, artifact's constants", x_ro, art, False),
+                ("reads_gc", "reads", "GC state", x_ro, gc, False)]
+        variants = {name: (compiled(x, y, k, data, S["epochs"], work, name), hw)
+                    for name, _, _, x, (y, k), hw in rows}
+        variants["reads_searched"] = (best["dir"], False)
+        rows.insert(3, ("reads_searched", "reads",
+                        "period, searched: drop {drop}, future {future}, short {short}, over "
+                        "{label_on}".format(**best), None, None, False))
+        train_res = sweep(ex, seeds, S["cfg"], variants, str(work / "linnos"))
+        eval_res = sweep(ex, eval_seeds, S["cfg"], variants, str(work / "linnos"))
+    res = evaluate.rounded({
+        "command": " ".join(["python", "examples/admission/ablation.py", *(argv or sys.argv[1:])]),
+        "train_seeds": seeds, "eval_seeds": len(eval_seeds),
+        "rows": [{"name": r[0], "history": r[1], "labels": r[2]} for r in rows],
+        "search": [{k: v for k, v in g.items() if k != "dir"} for g in search],
+        "train": train_res, "eval": eval_res}, 5)
+    run = {"machine": machine(), "timing_s": {"total": round(time.perf_counter() - t_start, 1)}}
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "ablation.json").write_text(json.dumps({**res, "run": run}, indent=1) + "\n")
+    md = markdown(res, run)
+    (a.out / "ablation.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Fail as e:
+        print(f"ablation.py: {e}", file=sys.stderr)
+        sys.exit(1)
