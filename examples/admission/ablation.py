@@ -81,9 +81,7 @@ def compiled(x, y, keep, data, epochs, work: Path, tag: str) -> str:
     model = train.train_heimdall(train.Data(x, y, keep, data.train), epochs=epochs)
     onnx, cal, out = work / f"{tag}.onnx", work / f"{tag}_cal.npy", work / tag
     train.export(model, 11, onnx)
-    xt = x[data.train]
-    np.save(cal, xt[np.linspace(0, len(xt) - 1, min(4000, len(xt))).astype(int)]
-            .astype(np.float32))
+    np.save(cal, train.evenly_spaced(x[data.train], 4000).astype(np.float32))
     kmlc("compile", onnx, "-o", out, "--target", "kernel", "--target", "user", "--numerics",
          "fixed", "--calibration", cal, "--hooks", "admission", "--name", "abl")
     return str(out)
@@ -106,11 +104,7 @@ def run_seed(seed: int, cfg: traces.Config, variants: dict, linnos_dir: str | No
                                                    tw.hook_frac,
                                                    history_writes=history_writes)))
     if linnos_dir:
-        lin = api.load(linnos_dir)
-
-        def slow(row):
-            y = lin.run_raw(np.array([row], np.float32))[0]
-            return y[1] > y[0]
+        slow = evaluate.linnos_slow(api.load(linnos_dir))
         record("baseline", sim.simulate(tr, sim.Policy()))
         record("c3", sim.simulate(tr, sim.C3()))
         record("linnos", sim.simulate(tr, sim.linnos(tr.size, slow)))
@@ -198,7 +192,7 @@ def main(argv=None) -> int:
             search.append({**g, "slow": float(y.mean()), "avg": avg, "dir": d})
             print(f"search {g}: {avg:.1f} us on the training seeds", flush=True)
         best = min(search, key=lambda g: g["avg"])
-        art = labels_of(data, "all", labeling.ARTIFACT)
+        art = data.y, data.keep         # collect's labels: the artifact's, over every I/O
         rows = [("all_artifact", "every I/O", "period, artifact's constants", data.x, art, True),
                 ("all_gc", "every I/O", "GC state", data.x, gc, True),
                 ("reads_artifact", "reads", "period, artifact's constants", x_ro, art, False),

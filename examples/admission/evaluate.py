@@ -14,6 +14,15 @@ HEDGE_PCT = 98
 _models: dict = {}
 
 
+def linnos_slow(twin):
+    """A LinnOS-like twin as ``model(row) -> bool`` (slow): its two outputs
+    compared, ties admit."""
+    def is_slow(row):
+        y = twin.run_raw(np.array([row], np.float32))[0]
+        return y[1] > y[0]
+    return is_slow
+
+
 def _policies(models: dict):
     """The compiled twins, loaded once per process: the learned policy is
     the admission hook's own features and decisions (``twin.decide``); the
@@ -23,17 +32,10 @@ def _policies(models: dict):
         import kmlc
 
         heim = kmlc.load(models["heimdall"])
-
-        def slow(twin):
-            def is_slow(row):
-                y = twin.run_raw(np.array([row], np.float32))[0]
-                return y[1] > y[0]          # LinnOS: ties admit
-            return is_slow
-
         gc = kmlc.load(models["heimdall_gc"])
         _models[key] = ((lambda f, decide=heim.decide: decide(f)[0]), heim.hook_frac,
-                        slow(kmlc.load(models["linnos"])),
-                        slow(kmlc.load(models["linnos_block"])),
+                        linnos_slow(kmlc.load(models["linnos"])),
+                        linnos_slow(kmlc.load(models["linnos_block"])),
                         (lambda f, decide=gc.decide: decide(f)[0]), gc.hook_frac)
     return _models[key]
 

@@ -157,12 +157,10 @@ def main(argv=None) -> int:
     cal = out / "calibration.npy"
     held = build / "heldout.npy"
     xtrain = heim.x[heim.train]
-    np.save(cal, xtrain[np.linspace(0, len(xtrain) - 1, min(4000, len(xtrain))).astype(int)]
-            .astype(np.float32))
+    np.save(cal, train.evenly_spaced(xtrain, 4000).astype(np.float32))
     # kmlc verify runs the reference evaluator row by row: 5,000 evenly spaced rows
     xt = heim.x[test]
-    pick = np.linspace(0, len(xt) - 1, min(S["verify_rows"], len(xt))).astype(int)
-    np.save(held, xt[pick].astype(np.float32))
+    np.save(held, train.evenly_spaced(xt, S["verify_rows"]).astype(np.float32))
     dirs = {k: build / k for k in onnx}
     hdir = dirs["heimdall"]
     compile_cmd = ["compile", onnx["heimdall"], "-o", hdir, "--numerics", "fixed",

@@ -132,6 +132,12 @@ def collect(seeds, cfg, label_on: str = "all") -> tuple[Data, Data, Data, dict]:
     return heim, lin_data(L), lin_data(B), stats
 
 
+def evenly_spaced(x, n: int) -> np.ndarray:
+    """At most ``n`` rows of ``x``, evenly spaced (first and last
+    included): the calibration and verification rows."""
+    return x[np.linspace(0, len(x) - 1, min(n, len(x))).astype(int)]
+
+
 def _torch():
     import torch
 

@@ -242,6 +242,51 @@ def machine() -> str:
     return f"{osname}, kernel {platform.release()}, {os.cpu_count()} CPUs ({cpu})"
 
 
+def report_head(r: dict, timing: dict, *, training: str, paper_cv: float, tuned: str,
+                axis: tuple[str, str], caption: str, digits: int, classes, policies) -> list:
+    """The first lines of a trained example's results.md: the command, the
+    cross-validation paragraph and confusion matrix, the fixed-vs-float
+    agreement and the throughput of every policy relative to the first.
+    ``training``: what the model was trained on; ``tuned``: the setting the
+    classes choose; ``axis``: the results' outer key (column name, plural);
+    ``digits``: decimals of percentages and base throughputs."""
+    t, a, (col, cols) = r["training"], r["agreement"]["all"], axis
+    lines = [f"Command: `{r['command']}`, {timing['total']:.0f} s on {machine()}.", ""]
+    lines += [f"**Training** ({training}): "
+              + ", ".join(f"{c} {n}" for c, n in t["rows_per_class"].items()) + " windows.  "
+              f"10-fold cross-validation accuracy {100 * t['cv_mean']:.1f}% "
+              f"± {100 * t['cv_std']:.1f}% (paper: {paper_cv}%); "
+              f"{100 * t['cv_accuracy_random_classes_merged']:.{digits}f}% counting readrandom "
+              f"and readrandomwriterandom (same {tuned}) as one class.", "",
+              "| true \\ predicted | " + " | ".join(classes) + " |",
+              "|---|" + "---|" * len(classes)]
+    for c, row in zip(classes, t["cv_confusion"]):
+        lines.append(f"| {c} | " + " | ".join(map(str, row)) + " |")
+    lines += ["", f"**Fixed vs float**: the two compiled twins take the same decision on "
+              f"{a['fixed_vs_float']} of {a['windows']} held-out windows "
+              f"({100 * a['fixed_vs_float'] / max(1, a['windows']):.2f}%, all five workloads, "
+              f"both {cols}); the float twin agrees with PyTorch on {a['float_vs_torch']}.", ""]
+    lines += [caption, "", f"| {col} | workload | default MB/s | " + " | ".join(policies[1:])
+              + " |", "|---|---|---|" + "---|" * (len(policies) - 1)]
+    for k, per_w in r["results"].items():
+        for w, per_p in per_w.items():
+            base = per_p["default"]["throughput_mb_s"]
+            lines.append(f"| {k} | {w} | {base:.{digits}f} | " + " | ".join(
+                f"{per_p[p]['throughput_mb_s'] / base:.3f}" for p in policies[1:]) + " |")
+    return lines
+
+
+def classes_chosen(r: dict, policy: str, classes_of="learned-fixed") -> list:
+    """Per outer key, the classes ``classes_of`` chose in each workload."""
+    lines = []
+    for k, per_w in r["results"].items():
+        lines += [f"Classes the learned ({policy}) policy chose while measuring, {k}: "
+                  + "; ".join(f"{w}: " + ", ".join(
+                      f"{c} {n}" for c, n in per_p[classes_of]["decisions"].items() if n)
+                      for w, per_p in per_w.items()) + ".", ""]
+    return lines
+
+
 def update_readme(readme: Path, md: str) -> None:
     """Puts ``md`` between the README's results markers."""
     if not readme.is_file():

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from readahead.experiment import policy_table
-from readahead.sim import PAGE_SIZE, Cpu, File
-from readahead.workloads import APPEND, APPEND_BYTES, CLASSES, CpuCosts, Db, generate
+from readahead.experiment import policy_table, replay
+from readahead.sim import Cpu
+from readahead.workloads import CLASSES, CpuCosts, Db, generate
 
 from .nfs import DONE, NETS, RECLAIM, NfsSim, RpcCosts
 
@@ -169,22 +169,8 @@ def run(workload: str, net: str, policy: str, db: Db, *, seed: int, warm: int,
     if policy == "learned":
         hook = hook or LearnedHook(outdir, vote=vote)
     sim = NfsSim(NETS[net], db.cache_pages, rsize, CPU, costs, hook=hook, trace=trace)
-    files = [File(i, db.file_pages * PAGE_SIZE, ra_pages) for i in range(db.files)]
-    files.append(File(db.files, 0, ra_pages))             # the write-ahead log
-    bb = db.block_bytes
-    read, append, think = sim.read, sim.append, sim.think
     ops = operations(workload, db, None if measure is None else warm + measure, seed, app)
-    for n, (kind, fid, block, cpu_ns) in enumerate(ops):
-        if n == warm:
-            sim.start_measuring()
-        if kind == APPEND:
-            append(files[fid], APPEND_BYTES)
-        else:
-            read(files[fid], block * bb, bb)
-        think(cpu_ns)
-        sim.stats.ops += 1
-        if until is not None and not n & 63 and until():
-            break
+    replay(sim, db, ra_pages, ops, warm, until)
     out = sim.result()
     sim.drain()
     if isinstance(hook, LearnedHook):

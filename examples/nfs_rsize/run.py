@@ -34,7 +34,8 @@ sys.path.insert(0, str(HERE.parent))            # examples/: nfs_rsize, readahea
 import numpy as np  # noqa: E402
 
 from kml_common.pipeline import (Steps, agreement, compile_both, example_main,  # noqa: E402
-                                 example_paths, machine, train_and_export,
+                                 classes_chosen, example_paths, machine, report_head,
+                                 train_and_export,
                                  update_readme, workers)
 from readahead.workloads import CLASSES, WORKLOADS, Db  # noqa: E402
 
@@ -176,31 +177,11 @@ def summary(res: dict) -> dict:
 def report(r: dict, timing: dict) -> str:
     from nfs_rsize.experiment import policy_rsize, ra_419
 
-    t = r["training"]
-    lines = [f"Command: `{r['command']}`, {timing['total']:.0f} s on {machine()}.", ""]
-    lines += ["**Training** (" + ", ".join(TRAIN_NETS) + "; four classes): "
-              + ", ".join(f"{c} {n}" for c, n in t["rows_per_class"].items()) + " windows.  "
-              f"10-fold cross-validation accuracy {100 * t['cv_mean']:.1f}% "
-              f"± {100 * t['cv_std']:.1f}% (paper: 98.6%); "
-              f"{100 * t['cv_accuracy_random_classes_merged']:.2f}% counting readrandom and "
-              "readrandomwriterandom (same rsize) as one class.", "",
-              "| true \\ predicted | " + " | ".join(CLASSES) + " |",
-              "|---|" + "---|" * len(CLASSES)]
-    for c, row in zip(CLASSES, t["cv_confusion"]):
-        lines.append(f"| {c} | " + " | ".join(map(str, row)) + " |")
-    a = r["agreement"]["all"]
-    lines += ["", f"**Fixed vs float**: the two compiled twins take the same decision on "
-              f"{a['fixed_vs_float']} of {a['windows']} held-out windows "
-              f"({100 * a['fixed_vs_float'] / max(1, a['windows']):.2f}%, all five workloads, "
-              f"both networks); the float twin agrees with PyTorch on {a['float_vs_torch']}.", ""]
-    lines += ["**Throughput relative to the negotiated rsize** (default: 1 MiB, no hook):", "",
-              "| net | workload | default MB/s | " + " | ".join(POLICIES[1:]) + " |",
-              "|---|---|---|" + "---|" * (len(POLICIES) - 1)]
-    for n, per_w in r["results"].items():
-        for w, per_p in per_w.items():
-            base = per_p["default"]["throughput_mb_s"]
-            lines.append(f"| {n} | {w} | {base:.2f} | " + " | ".join(
-                f"{per_p[p]['throughput_mb_s'] / base:.3f}" for p in POLICIES[1:]) + " |")
+    lines = report_head(r, timing, training=", ".join(TRAIN_NETS) + "; four classes",
+                        paper_cv=98.6, tuned="rsize", axis=("net", "networks"),
+                        caption="**Throughput relative to the negotiated rsize** "
+                        "(default: 1 MiB, no hook):", digits=2, classes=CLASSES,
+                        policies=POLICIES)
     lines += ["", "**Per policy**: READs = READ RPCs; MB over NFS = data the READs carried; "
               "wasted = pages read ahead and evicted unread; latency = mean time in pread(); "
               "link busy = share of the time the server-to-client link was sending.",
@@ -215,12 +196,7 @@ def report(r: dict, timing: dict) -> str:
                              f"{m['read_rpcs']} | {m['mb_read_over_nfs']:.1f} | "
                              f"{m['wasted_mb']:.1f} | {m['mean_read_us']:.0f} | "
                              f"{m['downlink_busy']:.3f} | {m['rsize_end'] // 1024}K |")
-    lines.append("")
-    for n, per_w in r["results"].items():
-        lines += [f"Classes the learned (fixed-point, no vote) policy chose while measuring, {n}: "
-                  + "; ".join(f"{w}: " + ", ".join(
-                      f"{c} {k}" for c, k in per_p["learned-fixed"]["decisions"].items() if k)
-                      for w, per_p in per_w.items()) + ".", ""]
+    lines += ["", *classes_chosen(r, "fixed-point, no vote")]
     lines += ["**Linux 4.19's NFS readahead** (KML's kernel: ra_pages = 15 x rpages, fixed "
               "when the file system is mounted), MB/s (wasted MB):", "",
               "| net | workload | " + " | ".join(

@@ -124,6 +124,29 @@ def measured_ops(workload: str, db: Db, quick: bool = False) -> tuple[int, int]:
     return 2 * db.cache_pages, (2 if quick else 3) * db.cache_pages
 
 
+def replay(sim, db: Db, ra_pages: int, ops, warm: int, until=None) -> None:
+    """Runs db_bench operations (rows {kind, file, block, cpu ns}) on a
+    page-cache simulator (``Sim`` or the NFS client's), over the database's
+    files and its write-ahead log, each with ``ra_pages`` of readahead;
+    measuring starts at operation ``warm``.  ``until()``, checked every 64
+    operations, ends the run early when true."""
+    files = [File(i, db.file_pages * PAGE_SIZE, ra_pages) for i in range(db.files)]
+    files.append(File(db.files, 0, ra_pages))             # the write-ahead log
+    bb = db.block_bytes
+    read, append, think = sim.read, sim.append, sim.think
+    for n, (kind, fid, block, cpu_ns) in enumerate(ops):
+        if n == warm:
+            sim.start_measuring()
+        if kind == APPEND:
+            append(files[fid], APPEND_BYTES)
+        else:
+            read(files[fid], block * bb, bb)
+        think(cpu_ns)
+        sim.stats.ops += 1
+        if until is not None and not n & 63 and until():
+            break
+
+
 def run(workload: str, device: str, policy: str, db: Db, *, seed: int, warm: int,
         measure: int, outdir: Path | None = None, trace: list | None = None,
         hook=None, cpu: Cpu = Cpu(), app: CpuCosts = CpuCosts()) -> dict:
@@ -142,20 +165,7 @@ def run(workload: str, device: str, policy: str, db: Db, *, seed: int, warm: int
     else:
         raise ValueError(f"unknown policy {policy!r}")
     sim = Sim(DEVICES[device], db.cache_pages, cpu, hook=hook, trace=trace)
-    files = [File(i, db.file_pages * PAGE_SIZE, ra) for i in range(db.files)]
-    files.append(File(db.files, 0, ra))                   # the write-ahead log
-    ops = generate(workload, db, warm + measure, seed, app)
-    bb = db.block_bytes
-    read, append, think = sim.read, sim.append, sim.think
-    for n, (kind, fid, block, cpu_ns) in enumerate(ops.tolist()):
-        if n == warm:
-            sim.start_measuring()
-        if kind == APPEND:
-            append(files[fid], APPEND_BYTES)
-        else:
-            read(files[fid], block * bb, bb)
-        think(cpu_ns)
-        sim.stats.ops += 1
+    replay(sim, db, ra, generate(workload, db, warm + measure, seed, app).tolist(), warm)
     out = sim.result()
     if isinstance(hook, LearnedHook):
         out["decisions"] = {c: int(v) for c, v in zip(CLASSES, hook.decisions)}

@@ -31,7 +31,8 @@ sys.path.insert(0, str(HERE.parent))            # examples/: the readahead packa
 import numpy as np  # noqa: E402
 
 from kml_common.pipeline import (Steps, agreement, compile_both, example_main,  # noqa: E402
-                                 example_paths, machine, train_and_export,
+                                 classes_chosen, example_paths, machine, report_head,
+                                 train_and_export,
                                  update_readme, workers)
 from readahead.workloads import CLASSES, WORKLOADS, Db  # noqa: E402
 
@@ -155,31 +156,10 @@ def acceptance(res: dict) -> dict:
 
 
 def report(r: dict, timing: dict) -> str:
-    t = r["training"]
-    lines = [f"Command: `{r['command']}`, {timing['total']:.0f} s on {machine()}.", ""]
-    lines += ["**Training** (NVMe traces, four classes): "
-              + ", ".join(f"{c} {n}" for c, n in t["rows_per_class"].items()) + " windows.  "
-              f"10-fold cross-validation accuracy {100 * t['cv_mean']:.1f}% "
-              f"± {100 * t['cv_std']:.1f}% (paper: 95.5%); "
-              f"{100 * t['cv_accuracy_random_classes_merged']:.1f}% counting readrandom and "
-              "readrandomwriterandom (same readahead) as one class.", "",
-              "| true \\ predicted | " + " | ".join(CLASSES) + " |",
-              "|---|" + "---|" * len(CLASSES)]
-    for c, row in zip(CLASSES, t["cv_confusion"]):
-        lines.append(f"| {c} | " + " | ".join(map(str, row)) + " |")
-    a = r["agreement"]["all"]
-    lines += ["", f"**Fixed vs float**: the two compiled twins take the same decision on "
-              f"{a['fixed_vs_float']} of {a['windows']} held-out windows "
-              f"({100 * a['fixed_vs_float'] / max(1, a['windows']):.2f}%, all five workloads, "
-              f"both devices); the float twin agrees with PyTorch on {a['float_vs_torch']}.", ""]
-    lines += ["**Throughput relative to Linux's default** (ra_pages 32):", "",
-              "| device | workload | default MB/s | " + " | ".join(POLICIES[1:]) + " |",
-              "|---|---|---|" + "---|" * (len(POLICIES) - 1)]
-    for d, per_w in r["results"].items():
-        for w, per_p in per_w.items():
-            base = per_p["default"]["throughput_mb_s"]
-            lines.append(f"| {d} | {w} | {base:.1f} | " + " | ".join(
-                f"{per_p[p]['throughput_mb_s'] / base:.3f}" for p in POLICIES[1:]) + " |")
+    lines = report_head(r, timing, training="NVMe traces, four classes", paper_cv=95.5,
+                        tuned="readahead", axis=("device", "devices"),
+                        caption="**Throughput relative to Linux's default** (ra_pages 32):",
+                        digits=1, classes=CLASSES, policies=POLICIES)
     lines += ["", "**Per policy**: hit ratio = pages the application found in the page cache; "
               "prefetch accuracy = pages added by readahead that were read before eviction / "
               "pages added by readahead; wasted = pages added by readahead and evicted unread; "
@@ -193,12 +173,7 @@ def report(r: dict, timing: dict) -> str:
                 lines.append(f"| {d} | {w} | {p} | {m['throughput_mb_s']:.1f} | "
                              f"{m['hit_ratio']:.3f} | {m['prefetch_accuracy']:.2f} | "
                              f"{m['wasted_pages']} | {m['io_wait']:.2f} |")
-    lines.append("")
-    for d, per_w in r["results"].items():
-        lines += [f"Classes the learned (fixed-point) policy chose while measuring, {d}: "
-                  + "; ".join(f"{w}: " + ", ".join(
-                      f"{c} {n}" for c, n in per_p["learned-fixed"]["decisions"].items() if n)
-                      for w, per_p in per_w.items()) + ".", ""]
+    lines += ["", *classes_chosen(r, "fixed-point")]
     lines += ["**Event rates** under Linux's default on NVMe (KML reports about 30K "
               "add_to_page_cache events/s for readseq and 20K for mixgraph): "
               + "; ".join(f"{w} {m['default']['pages_added_per_s'] / 1e3:.1f}K pages added/s, "
