@@ -77,6 +77,17 @@ def golden_inputs(in_elems: int, count: int, seed: int, data: np.ndarray | None)
 
 DM_MAX_TYPE_NAME = 16  # include/uapi/linux/dm-ioctl.h: a target type name and its NUL
 HOOKS = ("admission", "readahead", "nfs-rsize")
+# The hooks' tunable module parameters: name -> (default, lowest, highest);
+# a bool is (default, False, True).  --hook-param NAME=VALUE sets the
+# compiled-in default (a model trained for a setting carries it); the
+# parameter stays writable at load and run time.
+HOOK_PARAMS = {
+    "admission": {"probe_every": (64, 0, 2**32 - 1), "history_writes": (True, False, True)},
+    "readahead": {"window_events": (64, 2, 1024), "window_ms": (1000, 1, 60000)},
+    "nfs-rsize": {"window_ms": (1000, 1, 60000), "vote": (1, 1, 16)},
+}
+_BOOLS = {"1": True, "y": True, "yes": True, "true": True, "on": True,
+          "0": False, "n": False, "no": False, "false": False, "off": False}
 
 
 def check_hooks(prog: Program, hooks, targets) -> list[str]:
@@ -118,6 +129,45 @@ def check_hooks(prog: Program, hooks, targets) -> list[str]:
     return out
 
 
+def check_hook_params(hooks: list[str], params) -> dict:
+    """The hook's module parameters with --hook-param's defaults applied
+    (``params``: a dict, or NAME=VALUE strings), each checked against the
+    hook's table (HOOK_PARAMS)."""
+    if isinstance(params, str):
+        params = [params]
+    if not isinstance(params, dict):
+        pairs = {}
+        for item in params or ():
+            name, eq, value = str(item).partition("=")
+            if not eq or not name.strip():
+                raise KmlcError(f"--hook-param '{item}': expected NAME=VALUE")
+            pairs[name.strip()] = value.strip()
+        params = pairs
+    if params and not hooks:
+        raise KmlcError("--hook-param sets a hook's module parameter: compile with --hooks")
+    table = HOOK_PARAMS[hooks[0]] if hooks else {}
+    out = {k: v[0] for k, v in table.items()}
+    for name, value in params.items():
+        if name not in table:
+            raise KmlcError(f"the {hooks[0]} hook has no parameter '{name}'; it has "
+                            f"{', '.join(table)}")
+        default, lo, hi = table[name]
+        if isinstance(default, bool):
+            v = value if isinstance(value, bool) else _BOOLS.get(str(value).lower())
+            if v is None:
+                raise KmlcError(f"--hook-param {name}={value}: expected 0 or 1 (or y/n)")
+        else:
+            try:
+                v = int(value)
+            except (TypeError, ValueError):
+                v = None
+            if isinstance(value, bool) or v is None or not lo <= v <= hi:
+                raise KmlcError(f"--hook-param {name}={value}: expected an integer in "
+                                f"{lo}..{hi}")
+        out[name] = v
+    return out
+
+
 def check_budget(prog: Program, max_weight_bytes: int, max_workspace_bytes: int) -> None:
     if prog.plan.weight_bytes > max_weight_bytes:
         big = max(prog.buffers("const"), key=lambda b: b.nbytes)
@@ -134,7 +184,7 @@ def check_budget(prog: Program, max_weight_bytes: int, max_workspace_bytes: int)
 def lower_model(model, example_inputs=None, *, params=None, name: str | None = None,
                 numerics: str = "float", print_after: Callable[[str, str], None] | None = None,
                 calibration: np.ndarray | None = None, weight_bits: str = "auto",
-                input_frac_bits: list[int] | None = None) -> Program:
+                input_frac_bits: list[int] | None = None, input_margin: float = 0.0) -> Program:
     """Frontend and passes: a model (see ``compile``) to a planned program.
     Fixed point needs ``calibration`` rows."""
     from .frontends import load as import_model
@@ -148,8 +198,12 @@ def lower_model(model, example_inputs=None, *, params=None, name: str | None = N
     graph = import_model(model, example_inputs, params=params,
                          name=check_name(name) if name else None).graph
     check_name(graph.name)
+    if not 0 <= input_margin <= 10:
+        raise KmlcError(f"--input-margin {input_margin:g}: expected a fraction of the "
+                        "calibrated range in 0..10")
     return run_pipeline(graph, numerics, print_after, calibration,
-                        QuantOptions(str(weight_bits), input_frac_bits))
+                        QuantOptions(str(weight_bits), input_frac_bits,
+                                     input_margin=float(input_margin)))
 
 
 def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, targets="all",
@@ -160,14 +214,16 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
             max_workspace_bytes: int = DEFAULT_MAX_WORKSPACE_BYTES,
             cc: str | None = None, calibration: np.ndarray | None = None,
             weight_bits: str = "auto", input_frac_bits: list[int] | None = None,
-            hooks=()) -> CompileResult:
+            input_margin: float = 0.0, hooks=(), hook_params=()) -> CompileResult:
     """Compile ``model`` into ``outdir``; the frontend follows the model's type:
 
         compile("m.onnx" | onnx.ModelProto, outdir)
         compile(torch_module, example_inputs, outdir)   # a tensor or a tuple
         compile(relax_irmodule, outdir, params=None)
 
-    ``numerics="fixed"`` needs ``calibration`` rows (N, in_elems)."""
+    ``numerics="fixed"`` needs ``calibration`` rows (N, in_elems).
+    ``hook_params``: {name: value} or NAME=VALUE strings, the defaults of
+    the hook's module parameters (HOOK_PARAMS)."""
     from .codegen import emit
     from .frontends import load as import_model
     from .targets import user
@@ -191,9 +247,10 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
                             name=check_name(name) if name else None)
     prog = lower_model(imported.graph, numerics=numerics, print_after=print_after,
                        calibration=calibration, weight_bits=weight_bits,
-                       input_frac_bits=input_frac_bits)
+                       input_frac_bits=input_frac_bits, input_margin=input_margin)
     check_budget(prog, max_weight_bytes, max_workspace_bytes)
     prog.hooks = check_hooks(prog, hooks, targets)
+    prog.hook_params = check_hook_params(prog.hooks, hook_params)
     source, sha = imported.source, imported.sha256
     render = lambda ts, goldens=None: emit.render(  # noqa: E731
         prog, ts, source=source, sha256=sha, user_cflags=" ".join(user.CFLAGS), goldens=goldens)
@@ -298,6 +355,7 @@ def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> di
         "golden_vectors": 0 if goldens is None else int(len(goldens[0])),
         "fixed": fixed_interface(prog),
         "hooks": list(getattr(prog, "hooks", []) or []),
+        "hook_params": dict(getattr(prog, "hook_params", {}) or {}),
     }
 
 

@@ -107,9 +107,15 @@ _INPUT_SHAPE = click.option(
               type=click.Choice(["auto", "8", "16"]), help="Fixed point: weight width per layer.")
 @click.option("--input-frac-bits", help="Fixed point: fraction bits of the int32 inputs, one "
               "value or one per input element (default: chosen from the calibration range).")
+@click.option("--input-margin", default=0.0, show_default=True, type=float,
+              help="Fixed point: widen each input's calibrated range by this fraction of its "
+              "width on each side (inputs clamp to the range).")
 @click.option("--hooks", multiple=True, help="Kernel hooks to generate: admission "
               "(a device-mapper target), readahead (per-file readahead), nfs-rsize "
               "(per-mount NFS rsize); see docs/hooks.md.")
+@click.option("--hook-param", "hook_params", multiple=True, metavar="NAME=VALUE",
+              help="Compiled-in default of a hook's module parameter, e.g. "
+              "history_writes=0; repeatable (docs/hooks.md).")
 @click.option("--print-after-all", is_flag=True, help="Print the IR after every pass (stderr).")
 @click.option("--golden-data", type=click.Path(dir_okay=False),
               help="Rows (N, in_elems) .npy to use as KUnit golden inputs.")
@@ -118,8 +124,8 @@ _INPUT_SHAPE = click.option(
 @click.option("--max-weight-bytes", default=1 << 20, show_default=True, type=int)
 @click.option("--max-workspace-bytes", default=64 << 10, show_default=True, type=int)
 def compile_cmd(model, input_shapes, outdir, targets, name, numerics, calibration, weight_bits,
-                input_frac_bits, hooks, print_after_all, golden_data, golden_count, seed,
-                max_weight_bytes, max_workspace_bytes):
+                input_frac_bits, input_margin, hooks, hook_params, print_after_all, golden_data,
+                golden_count, seed, max_weight_bytes, max_workspace_bytes):
     """Compile MODEL into OUTDIR: kernel/, user/, kunit/.  MODEL is an .onnx
     file, or FILE.py:NAME with NAME an nn.Module class or a function
     returning one (with --input-shape)."""
@@ -133,7 +139,8 @@ def compile_cmd(model, input_shapes, outdir, targets, name, numerics, calibratio
                  golden_count=golden_count, seed=seed, max_weight_bytes=max_weight_bytes,
                  max_workspace_bytes=max_workspace_bytes, calibration=cal,
                  weight_bits=weight_bits, input_frac_bits=_int_list(input_frac_bits),
-                 hooks=hooks)
+                 input_margin=input_margin,
+                 hooks=hooks, hook_params=hook_params)
     m = r.manifest
     click.echo(f"kmlc: compiled {m['name']} ({m['numerics']}): {m['in_elems']} -> "
                f"{m['out_elems']} values, {m['kernels']} kernels, weights {m['weight_bytes']} B, "
@@ -210,11 +217,13 @@ def run(outdir, input_, output):
               help="Fixed: calibration rows .npy.")
 @click.option("--weight-bits", default="auto", show_default=True,
               type=click.Choice(["auto", "8", "16"]))
+@click.option("--input-margin", default=0.0, show_default=True, type=float,
+              help="Fixed: as for compile.")
 @click.option("--min-agreement", default=99.0, show_default=True,
               help="Fixed: decision agreement with the float model, percent.")
 @click.option("--min-sqnr", default=30.0, show_default=True, help="Fixed: output SQNR, dB.")
 def verify(model, data, samples, seed, atol, rtol, numerics, calibration, weight_bits,
-           min_agreement, min_sqnr):
+           input_margin, min_agreement, min_sqnr):
     """Compare MODEL's twin with onnxruntime; fails past the documented bounds."""
     from .verify import verify_fixed, verify_model
 
@@ -225,7 +234,7 @@ def verify(model, data, samples, seed, atol, rtol, numerics, calibration, weight
                             "(held-out rows)")
         rep = verify_fixed(model, calibration=_load_npy(calibration, "calibration data"),
                            data=x, min_agreement=min_agreement, min_sqnr=min_sqnr,
-                           weight_bits=weight_bits)
+                           weight_bits=weight_bits, input_margin=input_margin)
         click.echo(rep.text())
         if not rep.ok:
             raise KmlcError("the fixed-point model departs from the float model beyond "

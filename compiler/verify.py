@@ -206,14 +206,15 @@ def _split(g, row):
 
 def verify_fixed(model, *, calibration: np.ndarray, data: np.ndarray,
                  min_agreement: float = MIN_AGREEMENT, min_sqnr: float = MIN_SQNR,
-                 weight_bits: str = "auto") -> FixedReport:
+                 weight_bits: str = "auto", input_margin: float = 0.0) -> FixedReport:
     from .api import compile, load
     from .calibrate import check_rows
     from .passes.quantize import sqnr_db
 
     with tempfile.TemporaryDirectory(prefix="kmlc-verify-") as d:
         res = compile(model, Path(d) / "out", targets="user", numerics="fixed",
-                      calibration=calibration, weight_bits=weight_bits)
+                      calibration=calibration, weight_bits=weight_bits,
+                      input_margin=input_margin)
         twin = load(Path(d) / "out")
         x = check_rows(data, twin.in_elems, "data")
         raw = twin.encode(x)

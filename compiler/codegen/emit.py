@@ -330,6 +330,11 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         "user_cflags": user_cflags, "fixed": fixed, "core": core_name(prog),
         "io": "s32" if fixed else "float", "luts": luts, "encoding": fixed_interface(prog),
         "hooks": list(getattr(prog, "hooks", ()) or ()), "hook_files": HOOK_FILES,
+        # each module parameter's compiled-in default: its initializer (none
+        # for 0 and false, as the kernel's style wants) and as modinfo shows it
+        "param": {k: {"init": f" = {str(v).lower()}" if v else "",
+                      "doc": ("Y" if v else "N") if isinstance(v, bool) else str(v)}
+                  for k, v in (getattr(prog, "hook_params", None) or {}).items()},
         **hook_context(prog),
     }
 

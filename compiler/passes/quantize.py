@@ -3,7 +3,8 @@
 Guarantees about the graph it returns (docs/numerics.md, "Fixed point"):
   * every graph input is int32 in a per-feature Q format (``frac_bits``:
     in[i] = x_i * 2^F_i) and passes first through ``qinput``, which clamps it
-    to the feature's calibrated range and maps it onto int16 around the
+    to the feature's calibrated range (widened by ``input_margin`` of its
+    width on each side, never across zero) and maps it onto int16 around the
     range's centre with a power-of-two step; a feature whose calibrated range
     is a single value always encodes to 0 (its value is a constant of the
     first layer);
@@ -59,6 +60,7 @@ class QuantOptions:
     weight_bits: str = "auto"                  # auto | 8 | 16
     input_frac_bits: list[int] | None = None   # per input element, or one for all
     margin: float = MARGIN
+    input_margin: float = 0.0                  # inputs' range widened by this, each side
 
 
 @dataclass
@@ -91,6 +93,14 @@ def choose_frac_bits(lo: np.ndarray, hi: np.ndarray) -> list[int]:
         raise KmlcError(f"input feature {i} reaches {float(mag[i]):.6g} in the calibration data, "
                         "beyond what an int32 input can encode; scale it down in the model")
     return np.minimum(f, 30).tolist()
+
+
+def widen(lo, hi, margin: float):
+    """Per element: [lo, hi] widened by ``margin`` of its width on each
+    side, without crossing zero (a non-negative feature stays one)."""
+    pad = margin * (hi - lo)
+    return (np.where(lo >= 0, np.maximum(lo - pad, 0), lo - pad),
+            np.where(hi <= 0, np.minimum(hi + pad, 0), hi + pad))
 
 
 def encode_input(lo, hi, frac_bits):
@@ -162,7 +172,7 @@ class _Quantizer:
     # -- inputs ---------------------------------------------------------------------
 
     def input(self, v: Value) -> None:
-        lo, hi = self.cal.input_range(v)
+        lo, hi = widen(*self.cal.input_range(v), self.opts.input_margin)
         fb = self.opts.input_frac_bits
         if fb is None:
             frac = choose_frac_bits(lo, hi)

@@ -1,25 +1,26 @@
 """What holds the learned admission policy back in this simulator: the
 hook's history or the labels?
 
-    .venv/bin/python examples/admission/ablation.py            # 3-4 minutes on 2 cores
+    .venv/bin/python examples/admission/ablation.py            # 4 minutes on 2 cores
     .venv/bin/python examples/admission/ablation.py --quick    # a small run (tests)
 
 Variants of the learned pipeline of run.py (same traces, features,
-11 -> 128 -> 16 -> 1 model, training and fixed-point compile), along two
-axes:
+11 -> 128 -> 16 -> 1 model, training and fixed-point compile:
+search.compiled), along two axes:
 
   history  what the hook's history of the last three completions holds:
-           every read and write completed on the primary (the module, as
-           Heimdall's kernel integration records every bio), or the reads
-           only, writes still counted in the queue length (as LinnOS's
-           block-layer history): the module's ``history_writes=0``,
-           ``sim.heimdall(history_writes=False)``
+           every read and write completed on the primary (the module's
+           default, as Heimdall's kernel integration records every bio),
+           or the reads only, writes still counted in the queue length (as
+           LinnOS's block-layer history): compiled in with
+           ``--hook-param history_writes=0``, as run.py does
   labels   Heimdall's period labels with its artifact's constants (drop
            1.7, 3 fast I/Os end a period, runs of 3 are noise); with the
-           constants a grid search picks by the closed-loop average read
-           latency on the *training* traces (the paper searches its
-           thresholds per data set, §3.1); or the simulator's GC state,
-           which no real system has (an upper bound for the labels)
+           constants run.py's grid search picks by the closed-loop average
+           read latency on the *training* traces (search.search; the
+           paper searches its thresholds per data set, §3.1); or the
+           simulator's GC state, which no real system has (an upper bound
+           for the labels)
 
 Each variant is trained on the training seeds (1000..) and evaluated in
 the closed loop on evaluation seeds 0..N-1, next to the baseline, C3 and
@@ -29,7 +30,6 @@ OUT/ablation.md and OUT/ablation.json (OUT: examples/admission/results).
 """
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 import tempfile
@@ -43,80 +43,18 @@ sys.path.insert(0, str(HERE.parent))
 
 import numpy as np  # noqa: E402
 
-from admission import evaluate, labeling, sim, traces, train  # noqa: E402
+from admission import evaluate, report, search, traces, train  # noqa: E402
 from kml_common.pipeline import Fail, Parser, kmlc, machine, missing_packages  # noqa: E402
 
 TRAIN_SEEDS = 1000
-GRID = {"drop": (1.7, 5.0), "future": (2, 3), "short": (3, 10), "label_on": ("all", "reads")}
 
 
 def settings(quick: bool, seeds: int | None) -> dict:
     if quick:
         return {"train_seeds": 3, "eval_seeds": seeds or 2, "epochs": 8,
-                "cfg": traces.Config(duration_s=2.0),
-                "grid": {"drop": (1.7,), "future": (2, 3), "short": (3,), "label_on": ("all",)}}
+                "cfg": traces.Config(duration_s=2.0), "grid": search.QUICK_GRID}
     return {"train_seeds": 8, "eval_seeds": seeds or 50, "epochs": 12,
-            "cfg": traces.Config(duration_s=2.0), "grid": GRID}
-
-
-def features_of(data: train.Data, history_writes: bool) -> np.ndarray:
-    """The features of every read with the history as chosen: the hook's
-    recorded events, write completions dropped for a reads-only history."""
-    from kmlc import features
-
-    if history_writes:
-        return data.x
-    return np.concatenate([features.admission(ev[ev[:, 0] != sim.WRITE_DONE]).values
-                           for ev in data.events])
-
-
-def labels_of(data: train.Data, label_on: str, params: labeling.Params):
-    ys = [train.read_labels(log, label_on, params=params) for log in data.logs]
-    return np.concatenate([y for y, _ in ys]), np.concatenate([k for _, k in ys])
-
-
-def compiled(x, y, keep, data, epochs, work: Path, tag: str) -> str:
-    """Trains the model on the training halves, compiles it fixed with the
-    hook (as run.py does), returns the output directory."""
-    model = train.train_heimdall(train.Data(x, y, keep, data.train), epochs=epochs)
-    onnx, cal, out = work / f"{tag}.onnx", work / f"{tag}_cal.npy", work / tag
-    train.export(model, 11, onnx)
-    np.save(cal, train.evenly_spaced(x[data.train], 4000).astype(np.float32))
-    kmlc("compile", onnx, "-o", out, "--target", "kernel", "--target", "user", "--numerics",
-         "fixed", "--calibration", cal, "--hooks", "admission", "--name", "abl")
-    return str(out)
-
-
-def run_seed(seed: int, cfg: traces.Config, variants: dict, linnos_dir: str | None) -> dict:
-    """Average read latency (us) and reroute rate of each variant on one
-    trace; with ``linnos_dir``, also of the baseline, C3 and LinnOS-like."""
-    import kmlc as api
-
-    tr = traces.generate(seed, cfg)
-    out = {}
-
-    def record(name, res):
-        out[name] = (float(res.latency_ns.mean() / 1000), float(res.rerouted.mean()))
-
-    for name, (d, history_writes) in variants.items():
-        tw = api.load(d)
-        record(name, sim.simulate(tr, sim.heimdall(tr.size, lambda f, tw=tw: tw.decide(f)[0],
-                                                   tw.hook_frac,
-                                                   history_writes=history_writes)))
-    if linnos_dir:
-        slow = evaluate.linnos_slow(api.load(linnos_dir))
-        record("baseline", sim.simulate(tr, sim.Policy()))
-        record("c3", sim.simulate(tr, sim.C3()))
-        record("linnos", sim.simulate(tr, sim.linnos(tr.size, slow)))
-    return out
-
-
-def sweep(ex, seeds, cfg, variants, linnos_dir=None) -> dict:
-    """{name: (mean avg us, mean reroute, per-seed avgs)} over ``seeds``."""
-    runs = list(ex.map(run_seed, seeds, [cfg] * len(seeds), [variants] * len(seeds),
-                       [linnos_dir] * len(seeds)))
-    return {k: (float(np.mean([r[k][0] for r in runs])), float(np.mean([r[k][1] for r in runs])),
-                [r[k][0] for r in runs]) for k in runs[0]}
+            "cfg": traces.Config(duration_s=2.0), "grid": search.GRID}
 
 
 def markdown(res: dict, run: dict) -> str:
@@ -145,11 +83,7 @@ def markdown(res: dict, run: dict) -> str:
                      f"| {wins}/{len(per)} | {res['train'][r['name']][0]:.1f} |")
     lines += ["", "Label search on the training traces (reads-only history; closed-loop "
               "average read latency, us, mean over the training seeds):", "",
-              "| drop | future | short | labels over | slow reads | avg (us) |",
-              "|---:|---:|---:|---|---:|---:|"]
-    for g in res["search"]:
-        lines.append(f"| {g['drop']} | {g['future']} | {g['short']} | {g['label_on']} "
-                     f"| {100 * g['slow']:.1f}% | {g['avg']:.1f} |")
+              report.search_table({"grid": res["search"]})]
     return "\n".join(lines) + "\n"
 
 
@@ -172,7 +106,7 @@ def main(argv=None) -> int:
     seeds = list(range(TRAIN_SEEDS, TRAIN_SEEDS + S["train_seeds"]))
     eval_seeds = list(range(S["eval_seeds"]))
     data, lin, _, _ = train.collect(seeds, S["cfg"])
-    x_ro = features_of(data, False)
+    x_ro = search.features_of(data, False)
     gc = data.gc.astype(np.int64), np.ones(len(data.gc), bool)
     with tempfile.TemporaryDirectory() as tmp, \
             ProcessPoolExecutor(a.jobs, mp_context=get_context("spawn")) as ex:
@@ -181,35 +115,28 @@ def main(argv=None) -> int:
         train.export(train.train_linnos(lin), 31, onnx)
         kmlc("compile", onnx, "-o", work / "linnos", "--target", "user")
         # the label search: reads-only history, training seeds only
-        search = []
-        keys = list(S["grid"])
-        for i, vals in enumerate(itertools.product(*S["grid"].values())):
-            g = dict(zip(keys, vals))
-            params = labeling.Params(g["drop"], g["future"], g["short"])
-            y, keep = labels_of(data, g["label_on"], params)
-            d = compiled(x_ro, y, keep, data, S["epochs"], work, f"s{i}")
-            avg = sweep(ex, seeds, S["cfg"], {"v": (d, False)})["v"][0]
-            search.append({**g, "slow": float(y.mean()), "avg": avg, "dir": d})
-            print(f"search {g}: {avg:.1f} us on the training seeds", flush=True)
-        best = min(search, key=lambda g: g["avg"])
+        points, best = search.search(ex.map, data, x_ro, seeds, S["cfg"], S["grid"],
+                                     S["epochs"], work, history_writes=False,
+                                     log=lambda m: print(m, flush=True))
         art = data.y, data.keep         # collect's labels: the artifact's, over every I/O
         rows = [("all_artifact", "every I/O", "period, artifact's constants", data.x, art, True),
                 ("all_gc", "every I/O", "GC state", data.x, gc, True),
                 ("reads_artifact", "reads", "period, artifact's constants", x_ro, art, False),
                 ("reads_gc", "reads", "GC state", x_ro, gc, False)]
-        variants = {name: (compiled(x, y, k, data, S["epochs"], work, name), hw)
+        variants = {name: search.compiled(x, y, k, data, S["epochs"], work, name, hw)
                     for name, _, _, x, (y, k), hw in rows}
-        variants["reads_searched"] = (best["dir"], False)
+        variants["reads_searched"] = best["dir"]
         rows.insert(3, ("reads_searched", "reads",
                         "period, searched: drop {drop}, future {future}, short {short}, over "
                         "{label_on}".format(**best), None, None, False))
-        train_res = sweep(ex, seeds, S["cfg"], variants, str(work / "linnos"))
-        eval_res = sweep(ex, eval_seeds, S["cfg"], variants, str(work / "linnos"))
+        lin_dir = str(work / "linnos")
+        train_res = search.sweep(ex.map, seeds, S["cfg"], variants, lin_dir)
+        eval_res = search.sweep(ex.map, eval_seeds, S["cfg"], variants, lin_dir)
     res = evaluate.rounded({
         "command": " ".join(["python", "examples/admission/ablation.py", *(argv or sys.argv[1:])]),
         "train_seeds": seeds, "eval_seeds": len(eval_seeds),
         "rows": [{"name": r[0], "history": r[1], "labels": r[2]} for r in rows],
-        "search": [{k: v for k, v in g.items() if k != "dir"} for g in search],
+        "search": [{k: v for k, v in g.items() if k != "dir"} for g in points],
         "train": train_res, "eval": eval_res}, 5)
     run = {"machine": machine(), "timing_s": {"total": round(time.perf_counter() - t_start, 1)}}
     a.out.mkdir(parents=True, exist_ok=True)

@@ -23,20 +23,29 @@ def linnos_slow(twin):
     return is_slow
 
 
+def hooked(outdir) -> dict:
+    """The compiled admission hook in ``outdir`` as ``sim.heimdall``'s
+    arguments: the twin's decisions, the hook's fraction bits, and the
+    module's compiled-in history (``--hook-param history_writes``)."""
+    import kmlc
+
+    tw = kmlc.load(outdir)
+    return {"decide": lambda f, decide=tw.decide: decide(f)[0], "frac": tw.hook_frac,
+            "history_writes": tw.meta.get("hook_params", {}).get("history_writes", True)}
+
+
 def _policies(models: dict):
-    """The compiled twins, loaded once per process: the learned policy is
-    the admission hook's own features and decisions (``twin.decide``); the
-    LinnOS-like models run on their float twins."""
+    """The compiled models, loaded once per process: the learned policy and
+    its diagnostic twin are the admission hook's own features, history and
+    decisions (``hooked``); the LinnOS-like models run on their float
+    twins."""
     key = tuple(sorted((k, str(v)) for k, v in models.items()))
     if key not in _models:
         import kmlc
 
-        heim = kmlc.load(models["heimdall"])
-        gc = kmlc.load(models["heimdall_gc"])
-        _models[key] = ((lambda f, decide=heim.decide: decide(f)[0]), heim.hook_frac,
+        _models[key] = (hooked(models["heimdall"]), hooked(models["heimdall_gc"]),
                         linnos_slow(kmlc.load(models["linnos"])),
-                        linnos_slow(kmlc.load(models["linnos_block"])),
-                        (lambda f, decide=gc.decide: decide(f)[0]), gc.hook_frac)
+                        linnos_slow(kmlc.load(models["linnos_block"])))
     return _models[key]
 
 
@@ -44,7 +53,7 @@ def run_seed(seed: int, cfg: traces.Config, models: dict, probe_every: int = 64)
     """{policy: (summary, latencies in us as float32)} for one trace.
     ``models``: the kmlc output directories of "heimdall", "heimdall_gc",
     "linnos" and "linnos_block"."""
-    decide, frac, linnos_slow, block_slow, gc_decide, gc_frac = _policies(models)
+    learned, diagnostic, linnos_slow, block_slow = _policies(models)
     tr = traces.generate(seed, cfg)
     base = sim.simulate(tr, sim.Policy())
     nreads = len(base.latency_ns)
@@ -56,9 +65,10 @@ def run_seed(seed: int, cfg: traces.Config, models: dict, probe_every: int = 64)
             "c3": sim.simulate(tr, sim.C3()),
             "linnos_block": sim.simulate(tr, sim.LinnOSBlock(tr.size, block_slow)),
             "linnos": sim.simulate(tr, sim.linnos(tr.size, linnos_slow, probe_every)),
-            "heimdall": sim.simulate(tr, sim.heimdall(tr.size, decide, frac, probe_every)),
-            "heimdall_gc": sim.simulate(tr, sim.heimdall(tr.size, gc_decide, gc_frac,
-                                                          probe_every)),
+            "heimdall": sim.simulate(tr, sim.heimdall(tr.size, probe_every=probe_every,
+                                                       **learned)),
+            "heimdall_gc": sim.simulate(tr, sim.heimdall(tr.size, probe_every=probe_every,
+                                                          **diagnostic)),
             "oracle": sim.simulate(tr, sim.Oracle(tr))}
     # reads that arrive while their primary collects garbage (the same for every policy)
     W = tr.write
@@ -92,13 +102,13 @@ def probe_ablation(seeds, cfg: traces.Config, models: dict, values=(64, 16, 8, 4
     """The hook's probe_every, on the training traces: for the learned and
     the LinnOS-like model behind the hook, the mean over seeds of the
     average read latency relative to the baseline's, and the reroute rate."""
-    decide, frac, linnos_slow, *_ = _policies(models)
+    learned, _, linnos_slow, _ = _policies(models)
     rows = {v: [] for v in values}
     for seed in seeds:
         tr = traces.generate(seed, cfg)
         base = sim.simulate(tr, sim.Policy()).latency_ns.mean()
         for v in values:
-            h = sim.simulate(tr, sim.heimdall(tr.size, decide, frac, v))
+            h = sim.simulate(tr, sim.heimdall(tr.size, probe_every=v, **learned))
             lin = sim.simulate(tr, sim.linnos(tr.size, linnos_slow, v))
             rows[v].append((h.latency_ns.mean() / base, lin.latency_ns.mean() / base,
                             h.rerouted.mean(), lin.rerouted.mean()))
@@ -113,14 +123,14 @@ def history_mix(seeds, cfg: traces.Config, models: dict) -> dict:
     during their primary's GC and outside, under the baseline (the hook
     admits everything: the training data) and under the learned policy;
     and the learned policy's decline rate in and outside GC."""
-    decide, frac, *_ = _policies(models)
+    learned = _policies(models)[0]
     out = {}
-    for name, dec in (("baseline", lambda f: 0), ("learned", decide)):
+    for name, dec in (("baseline", lambda f: 0), ("learned", learned["decide"])):
         w = {True: [0, 0], False: [0, 0]}             # in GC: [write entries, entries]
         dl = {True: [0, 0], False: [0, 0]}            # in GC: [declined, reads]
         for seed in seeds:
             tr = traces.generate(seed, cfg)
-            pol = sim.heimdall(tr.size, dec, frac, trace=True)
+            pol = sim.heimdall(tr.size, trace=True, **{**learned, "decide": dec})
             sim.simulate(tr, pol)
             for c, hook in enumerate(pol.hooks):
                 arrivals = iter([t for t, cl, wr in zip(tr.t, tr.client, tr.write)

@@ -69,6 +69,15 @@ def history_table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def search_table(lab: dict) -> str:
+    lines = ["| drop | future | short | labels over | slow reads | avg (us) |",
+             "|---:|---:|---:|---|---:|---:|"]
+    for g in lab["grid"]:
+        lines.append(f"| {g['drop']} | {g['future']} | {g['short']} | {g['label_on']} "
+                     f"| {100 * g['slow']:.1f}% | {g['avg']:.1f} |")
+    return "\n".join(lines)
+
+
 def markdown(res: dict, run: dict) -> str:
     acc, k, d = res["accuracy"], res["kmlc"], res["training_data"]
 
@@ -80,8 +89,18 @@ def markdown(res: dict, run: dict) -> str:
         return f"{100 * a / b:.1f}%"
 
     hv = acc["hook_vs_float"]
-    over = ("every I/O on the primary, writes included"
-            if res["settings"].get("labels", "all") == "all" else "the reads alone")
+    lab = res["settings"]["labels"]
+    over = ("every I/O on the primary, writes included" if lab["label_on"] == "all"
+            else "the reads alone")
+    consts = (f"throughput drop {lab['drop']}, {lab['future']} fast I/Os end a period, slow "
+              f"runs of up to {lab['short']} are noise")
+    chosen = (f"constants searched on the training traces ({len(lab['grid'])} settings, "
+              f"below): {consts}" if lab["constants"] == "searched"
+              else f"the artifact's constants: {consts}")
+    history = ("every read and write completed on the primary (the module's "
+               "history_writes=1)" if res["settings"]["history"] == "all" else
+               "the reads completed on the primary, writes still in the queue length (the "
+               "module's history_writes=0, compiled in)")
     normal = d["reads"] - d["gc_reads"]
     ts = res["settings"]["train_seeds"]
     return "\n".join([
@@ -111,7 +130,8 @@ def markdown(res: dict, run: dict) -> str:
         f"* {d['reads']} reads of the baseline on training seeds {ts[0]}-{ts[-1]}; "
         f"{pct(d['gc_reads'], d['reads'])} of them arrived while their primary collected "
         "garbage.",
-        f"* Period-based labels (over {over}; the reads' labels): "
+        f"* The features' history of the last three completions: {history}.",
+        f"* Period-based labels (over {over}; the reads' labels; {chosen}): "
         f"{pct(d['slow'], d['reads'])} slow; "
         f"{pct(d['slow_in_gc'], d['gc_reads'])} of the reads during GC and "
         f"{pct(d['slow_outside_gc'], normal)} of the others; "
@@ -141,6 +161,9 @@ def markdown(res: dict, run: dict) -> str:
         *(["What the hook's history (the last three completions on the primary) holds when "
            "a read arrives, on the training traces:", "", history_table(res), ""]
           if res.get("history_on_training_traces") else []),
+        *(["The label search on the training traces (closed-loop average read latency of "
+           "the learned policy, mean over the training seeds):", "", search_table(lab), ""]
+          if lab["constants"] == "searched" else []),
         "## kmlc",
         "",
         f"`{k['compile']}`:",

@@ -6,13 +6,17 @@
 1. traces: synthetic replicated-SSD traces (traces.py), training seeds
    1000.., evaluation seeds 0..N-1 (disjoint);
 2. data: the baseline on the training traces, the features as the hook
-   computes them (kmlc.features), Heimdall's period-based labels with
-   3-stage noise filtering (labeling.py);
+   computes them (kmlc.features) with the history the module is compiled
+   with (default: reads only, ``--hook-param history_writes=0``),
+   Heimdall's period-based labels with 3-stage noise filtering
+   (labeling.py), their constants chosen by a grid search on the training
+   traces (search.py; ``--labels artifact``: the artifact's constants);
 3. models: Heimdall's 11 -> 128 -> 16 -> 1 and a LinnOS-like 31 -> 256 -> 2,
    trained with PyTorch on the first half of each stream, tested on the
    second (train.py); exported to ONNX;
 4. kmlc: ``kmlc compile heimdall.onnx --numerics fixed --calibration
-   <training rows> --hooks admission``, ``kmlc verify --numerics fixed``,
+   <training rows> --hooks admission --hook-param history_writes=0``,
+   ``kmlc verify --numerics fixed``,
    ``kmlc build`` when kernel headers are installed; the LinnOS model
    compiled float for the simulator;
 5. evaluation: every policy on every evaluation seed in a closed-loop
@@ -25,9 +29,8 @@ Same seeds, same numbers: everything is seeded and single-threaded.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
+import tempfile
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -40,8 +43,8 @@ sys.path.insert(0, str(HERE.parent))
 
 import numpy as np  # noqa: E402
 
-from admission import evaluate, traces, train  # noqa: E402
-from kml_common.pipeline import Parser, machine  # noqa: E402
+from admission import evaluate, search, traces, train  # noqa: E402
+from kml_common.pipeline import Fail, Parser, kmlc, machine, missing_packages  # noqa: E402
 
 TRAIN_SEEDS = 1000
 
@@ -49,15 +52,6 @@ TRAIN_SEEDS = 1000
 def fail(msg: str) -> None:
     print(f"run.py: {msg}", file=sys.stderr)
     sys.exit(1)
-
-
-def kmlc(*args) -> str:
-    exe = Path(sys.executable).parent / "kmlc"
-    res = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True)
-    if res.returncode:
-        last = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or ["(no output)"]
-        fail(f"kmlc {args[0]} failed: {last[0]}")
-    return res.stdout.strip()
 
 
 def rel(text: str) -> str:
@@ -76,9 +70,12 @@ def parse_args(argv):
     p.add_argument("--build", type=Path, help="where kmlc writes the compiled models "
                    "(default: OUT/../build, or OUT/build for --out)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--labels", choices=("all", "reads"), default="all",
-                   help="period labels over every I/O on the primary, as Heimdall's artifact "
-                   "(default), or over the reads alone")
+    p.add_argument("--history", choices=("reads", "all"), default="reads",
+                   help="what the hook's history holds: the reads completed on the primary "
+                   "(default; the module's history_writes=0), or every read and write")
+    p.add_argument("--labels", choices=("searched", "artifact"), default="searched",
+                   help="the period labeling's constants: searched on the training traces "
+                   "(default), or Heimdall's artifact's, over every I/O")
     a = p.parse_args(argv)
     if a.seeds is not None and a.seeds < 2:
         p.error("--seeds must be at least 2")
@@ -90,17 +87,27 @@ def parse_args(argv):
 def settings(quick: bool, seeds: int | None) -> dict:
     if quick:
         short = traces.Config(duration_s=1.0)
-        return {"train_seeds": 2, "eval_seeds": seeds or 4, "epochs": 8, "verify_rows": 1000,
-                "train_cfg": short, "eval_cfg": short}
+        return {"train_seeds": 3, "eval_seeds": seeds or 4, "epochs": 8, "verify_rows": 1000,
+                "train_cfg": short, "eval_cfg": short, "grid": search.QUICK_GRID}
     return {"train_seeds": 8, "eval_seeds": seeds or 50, "epochs": 12, "verify_rows": 5000,
-            "train_cfg": traces.Config(duration_s=2.0), "eval_cfg": traces.Config(duration_s=2.0)}
+            "train_cfg": traces.Config(duration_s=2.0), "eval_cfg": traces.Config(duration_s=2.0),
+            "grid": search.GRID}
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    for mod in ("torch", "matplotlib"):
-        if importlib.util.find_spec(mod) is None:
-            fail(f"needs {mod} in this Python ({sys.executable} -m pip install {mod})")
+    if (msg := missing_packages()):
+        raise Fail(msg)
+    # one pool for the label search and the evaluation, before torch starts threads
+    ex = ProcessPoolExecutor(a.jobs, mp_context=get_context("spawn")) if a.jobs > 1 else None
+    try:
+        return pipeline(a, argv, ex.map if ex else map)
+    finally:
+        if ex:
+            ex.shutdown()
+
+
+def pipeline(a, argv, pmap) -> int:
     from kmlc import features
 
     S = settings(a.quick, a.seeds)
@@ -115,11 +122,25 @@ def main(argv=None) -> int:
         timing[name] = round(time.perf_counter() - t0, 1)
         print(f"[{timing[name]:6.1f} s] {name}", flush=True)
 
-    # 1-2. training data
+    # 1-2. training data; the history and the labels
     t0 = time.perf_counter()
-    seeds = range(TRAIN_SEEDS, TRAIN_SEEDS + S["train_seeds"])
-    heim, lin, blk, dstats = train.collect(seeds, S["train_cfg"], a.labels)
+    seeds = list(range(TRAIN_SEEDS, TRAIN_SEEDS + S["train_seeds"]))
+    heim, lin, blk, dstats = train.collect(seeds, S["train_cfg"])
+    history_writes = a.history == "all"
+    heim.x = search.features_of(heim, history_writes)
     stage("training data (baseline on the training traces, labels)", t0)
+    labels = {"constants": "artifact", **search.ARTIFACT_POINT}
+    if a.labels == "searched":
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            points, best = search.search(pmap, heim, heim.x, seeds, S["train_cfg"], S["grid"],
+                                         S["epochs"], Path(tmp), history_writes,
+                                         log=lambda m: print(m, flush=True))
+        labels = {"constants": "searched", **{k: v for k, v in best.items() if k != "dir"},
+                  "grid": [{k: v for k, v in g.items() if k != "dir"} for g in points]}
+        heim.y, heim.keep = search.labels_of(heim, best["label_on"], search.params_of(best))
+        dstats.update(train.label_stats(heim.y, heim.keep, heim.gc))
+        stage(f"label search: {len(points)} settings on the training traces", t0)
 
     # 3. models
     t0 = time.perf_counter()
@@ -152,37 +173,38 @@ def main(argv=None) -> int:
 
     # 4. kmlc
     t0 = time.perf_counter()
-    # The fixed-point calibration: 4,000 evenly spaced training rows, checked
-    # in next to the model so that its module compiles from a fresh clone.
+    # The fixed-point calibration: 4,000 evenly spaced training rows and each
+    # feature's extremes, checked in next to the model so that its module
+    # compiles from a fresh clone.
     cal = out / "calibration.npy"
     held = build / "heldout.npy"
     xtrain = heim.x[heim.train]
-    np.save(cal, train.evenly_spaced(xtrain, 4000).astype(np.float32))
+    np.save(cal, train.calibration_rows(xtrain))
     # kmlc verify runs the reference evaluator row by row: 5,000 evenly spaced rows
     xt = heim.x[test]
     np.save(held, train.evenly_spaced(xt, S["verify_rows"]).astype(np.float32))
     dirs = {k: build / k for k in onnx}
     hdir = dirs["heimdall"]
-    compile_cmd = ["compile", onnx["heimdall"], "-o", hdir, "--numerics", "fixed",
-                   "--calibration", cal, "--hooks", "admission"]
-    compiled = kmlc(*compile_cmd)
-    kmlc("compile", onnx["heimdall_gc"], "-o", dirs["heimdall_gc"], "--target", "kernel",
-         "--target", "user", "--numerics", "fixed", "--calibration", cal, "--hooks", "admission")
+    # the module carries the history the model was trained with
+    compiled = kmlc(*search.compile_cmd(onnx["heimdall"], hdir, cal, history_writes))
+    kmlc(*search.compile_cmd(onnx["heimdall_gc"], dirs["heimdall_gc"], cal, history_writes,
+                             "--target", "kernel", "--target", "user"))
     for name in lmodels:
         kmlc("compile", onnx[name], "-o", dirs[name], "--target", "user")
-    verify_text = kmlc("verify", onnx["heimdall"], "--numerics", "fixed", "--calibration", cal,
-                       "--data", held)
+    verify_text = kmlc("verify", onnx["heimdall"], *search.FIXED, "--calibration", cal,
+                       "--data", held)["output"]
     try:
         from kmlc.targets.kernel import find_kdir
         find_kdir()
-        built = kmlc("build", hdir)
+        built = kmlc("build", hdir)["output"]
     except Exception as e:            # no kernel headers: the module is not built
         built = f"not built ({str(e).splitlines()[0]})"
     # the hook's own decision on the held-out reads (features recomputed with
     # the hook's fraction bits from the same events) vs the float model
     import kmlc as kmlc_api
     twin = kmlc_api.load(hdir)
-    raw = np.concatenate([features.admission(ev, frac=twin.hook_frac).raw[~half]
+    raw = np.concatenate([features.admission(search.hook_events(ev, history_writes),
+                                             frac=twin.hook_frac).raw[~half]
                           for ev, half in zip(heim.events, heim.halves)])
     hook_dec = twin.decide(raw)
     agree = int((hook_dec == (p >= 0.5)).sum())
@@ -194,12 +216,8 @@ def main(argv=None) -> int:
     # 5. evaluation
     t0 = time.perf_counter()
     eval_seeds = list(range(S["eval_seeds"]))
-    if a.jobs > 1:
-        with ProcessPoolExecutor(a.jobs, mp_context=get_context("spawn")) as ex:
-            per_seed = list(ex.map(evaluate.run_seed, eval_seeds,
-                                   [S["eval_cfg"]] * len(eval_seeds), [dirs] * len(eval_seeds)))
-    else:
-        per_seed = [evaluate.run_seed(s, S["eval_cfg"], dirs) for s in eval_seeds]
+    per_seed = list(pmap(evaluate.run_seed, eval_seeds, [S["eval_cfg"]] * len(eval_seeds),
+                         [dirs] * len(eval_seeds)))
     agg = evaluate.aggregate(per_seed)
     stage(f"evaluation: {len(eval_seeds)} seeds x {len(evaluate.POLICIES)} policies", t0)
     ablation = mix = None
@@ -207,9 +225,10 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         ablation = evaluate.probe_ablation(seeds, S["train_cfg"], dirs)
         stage("probe_every ablation on the training traces", t0)
-        t0 = time.perf_counter()
-        mix = evaluate.history_mix(seeds, S["train_cfg"], dirs)
-        stage("the hook's history on the training traces", t0)
+        if history_writes:          # what share of the history is writes
+            t0 = time.perf_counter()
+            mix = evaluate.history_mix(seeds, S["train_cfg"], dirs)
+            stage("the hook's history on the training traces", t0)
 
     # 6. results
     from admission import report
@@ -217,13 +236,14 @@ def main(argv=None) -> int:
     results = evaluate.rounded({
         "command": " ".join(["python", "examples/admission/run.py", *(argv or sys.argv[1:])]),
         "settings": {"train_seeds": list(seeds), "eval_seeds": [eval_seeds[0], eval_seeds[-1]],
-                     "labels": a.labels,
+                     "history": a.history, "labels": labels,
                      "epochs": S["epochs"], "train_cfg": vars(S["train_cfg"]),
                      "eval_cfg": vars(S["eval_cfg"])},
         "training_data": dstats,
         "accuracy": acc,
-        "kmlc": {"compile": rel("kmlc " + " ".join(str(x) for x in compile_cmd)),
-                 "compiled": rel(compiled), "built": rel(built), "verify": rel(verify_text),
+        "kmlc": {"compile": compiled["command"],
+                 "compiled": rel(compiled["output"]), "built": rel(built),
+                 "verify": rel(verify_text),
                  "hook_frac": twin.hook_frac.tolist()},
         "policies": agg,
         "probe_every_on_training_traces": ablation,
@@ -244,5 +264,7 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
+    except Fail as e:
+        fail(str(e))
     except OSError as e:                 # e.g. an --out that cannot be written
         fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))

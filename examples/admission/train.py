@@ -73,15 +73,23 @@ def read_labels(log, label_on: str = "all", limits=None,
     return y[r], keep[r]
 
 
-def collect(seeds, cfg, label_on: str = "all") -> tuple[Data, Data, Data, dict]:
-    """Training data from the baseline on ``seeds``: Heimdall's, and
-    LinnOS's over the hook's view and over the block layer's."""
+def label_stats(y, keep, gc) -> dict:
+    """How period labels relate to the device state (``gc``: the read
+    arrived during its primary's GC), in reads."""
+    return {"reads": int(len(y)), "slow": int(y.sum()), "kept": int(keep.sum()),
+            "gc_reads": int(gc.sum()), "slow_in_gc": int(y[gc].sum()),
+            "slow_outside_gc": int(y[~gc].sum())}
+
+
+def collect(seeds, cfg) -> tuple[Data, Data, Data, dict]:
+    """Training data from the baseline on ``seeds``: Heimdall's (features
+    with every completion in the history, the artifact's labels over every
+    I/O), and LinnOS's over the hook's view and over the block layer's."""
     from kmlc import features
 
     H, L, B = ([] for _ in range(3))
-    stats = {"reads": 0, "slow": 0, "kept": 0, "linnos_slow": 0, "linnos_cutoff_us": [],
-             "gc_reads": 0, "slow_in_gc": 0, "slow_outside_gc": 0,
-             "linnos_slow_in_gc": 0, "linnos_slow_outside_gc": 0}
+    stats = {"linnos_slow": 0, "linnos_cutoff_us": [], "linnos_slow_in_gc": 0,
+             "linnos_slow_outside_gc": 0}
     for seed in seeds:
         tr = traces.generate(seed, cfg)
         rec = sim.heimdall(tr.size, lambda f: 0, features.ADMIT_FRAC, trace=True)
@@ -99,7 +107,7 @@ def collect(seeds, cfg, label_on: str = "all") -> tuple[Data, Data, Data, dict]:
             ev = np.array(rec.hooks[c].events, np.int64)
             f = features.admission(ev).values
             assert len(f) == m.sum()
-            y, keep = read_labels(rec.hooks[c].log, label_on)
+            y, keep = read_labels(rec.hooks[c].log)
             assert len(y) == m.sum()
             half = np.arange(len(y)) < len(y) // 2
             # the device state, which no real system sees (for the diagnostics)
@@ -109,15 +117,9 @@ def collect(seeds, cfg, label_on: str = "all") -> tuple[Data, Data, Data, dict]:
             yl = (lat_us >= cut).astype(np.int64)
             L.append((np.array(lin.hooks[c].view.rows, np.float64), yl, half))
             B.append((brows[m], yl, half))
-            # how the labels relate to the device state
-            stats["reads"] += int(m.sum())
-            stats["slow"] += int(y.sum())
-            stats["kept"] += int(keep.sum())
+            # how LinnOS's labels relate to the device state
             stats["linnos_slow"] += int(yl.sum())
             stats["linnos_cutoff_us"].append(cut)
-            stats["gc_reads"] += int(gc.sum())
-            stats["slow_in_gc"] += int(y[gc].sum())
-            stats["slow_outside_gc"] += int(y[~gc].sum())
             stats["linnos_slow_in_gc"] += int(yl[gc].sum())
             stats["linnos_slow_outside_gc"] += int(yl[~gc].sum())
     cat = np.concatenate
@@ -129,13 +131,22 @@ def collect(seeds, cfg, label_on: str = "all") -> tuple[Data, Data, Data, dict]:
         y = cat([p[1] for p in parts])
         return Data(cat([p[0] for p in parts]), y, np.ones(len(y), bool),
                     cat([p[2] for p in parts]))
-    return heim, lin_data(L), lin_data(B), stats
+    return heim, lin_data(L), lin_data(B), {**label_stats(heim.y, heim.keep, heim.gc), **stats}
 
 
 def evenly_spaced(x, n: int) -> np.ndarray:
     """At most ``n`` rows of ``x``, evenly spaced (first and last
     included): the calibration and verification rows."""
     return x[np.linspace(0, len(x) - 1, min(n, len(x))).astype(int)]
+
+
+def calibration_rows(x, n: int = 4000) -> np.ndarray:
+    """The fixed-point calibration: ``n`` evenly spaced rows of ``x`` and,
+    per feature, a row where it is lowest and one where it is highest, so
+    that the module's input range covers all of ``x`` (kmlc clamps inputs
+    to the calibration range)."""
+    ext = np.unique(np.concatenate([x.argmin(0), x.argmax(0)]))
+    return np.concatenate([evenly_spaced(x, n), x[ext]]).astype(np.float32)
 
 
 def _torch():

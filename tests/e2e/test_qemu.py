@@ -113,6 +113,53 @@ def test_admission_hook_checks_the_model(tmp_path):
         kcompile(EXAMPLES / "readahead.onnx", tmp_path / "c", hooks=["prefetch"])
 
 
+def test_hook_params_set_the_compiled_defaults(tmp_path):
+    """--hook-param NAME=VALUE becomes the module parameter's initializer
+    (none for 0 and N, as checkpatch wants), its modinfo description and
+    the manifest's hook_params; anything else is an error that names it."""
+    import json
+
+    from kmlc.errors import KmlcError
+
+    cal = seed_models.sample_inputs("heimdall", 100)
+    adm = dict(numerics="fixed", calibration=cal, hooks=["admission"], targets="kernel")
+    kcompile(EXAMPLES / "heimdall.onnx", tmp_path / "d", **adm)
+    kcompile(EXAMPLES / "heimdall.onnx", tmp_path / "n", **adm,
+             hook_params=["history_writes=n", "probe_every=0"])
+    kcompile(EXAMPLES / "heimdall.onnx", tmp_path / "p", **adm, hook_params={"probe_every": 16})
+    decl = lambda d: re.findall(r"^static (?:bool|unsigned int) (probe_every|history_writes)"  # noqa: E731
+                                r"(?: = (\w+))?;", (d / "kernel/heimdall_admit.c").read_text(),
+                                re.M)
+    assert decl(tmp_path / "d") == [("probe_every", "64"), ("history_writes", "true")]
+    assert decl(tmp_path / "n") == [("probe_every", ""), ("history_writes", "")]
+    assert decl(tmp_path / "p") == [("probe_every", "16"), ("history_writes", "true")]
+    assert "(default N; N: reads only)" in (tmp_path / "n/kernel/heimdall_admit.c").read_text()
+    assert json.loads((tmp_path / "n/kmlc.json").read_text())["hook_params"] == \
+        {"probe_every": 0, "history_writes": False}
+    ra = readahead_policy()
+    kcompile(ra[0], tmp_path / "r", numerics="fixed", calibration=ra[1], hooks=["readahead"],
+             targets="kernel", name="rap", hook_params=["window_events=16"])
+    assert "static unsigned int window_events = 16;" in \
+        (tmp_path / "r/kernel/rap_ra.c").read_text()
+    for bad, msg in ((["history_writes=2"], "history_writes=2: expected 0 or 1"),
+                     (["probe_every=-1"], r"probe_every=-1: expected an integer in 0\.\.4294967295"),
+                     (["vote=3"], "the admission hook has no parameter 'vote'"),
+                     (["probe_every"], "'probe_every': expected NAME=VALUE")):
+        with pytest.raises(KmlcError, match=msg):
+            kcompile(EXAMPLES / "heimdall.onnx", tmp_path / "bad", **adm, hook_params=bad)
+    with pytest.raises(KmlcError, match="compile with --hooks"):
+        kcompile(EXAMPLES / "heimdall.onnx", tmp_path / "bad", hook_params=["vote=3"])
+    assert not (tmp_path / "bad").exists()
+    # docs/hooks.md's table is the compiler's
+    from conftest import ROOT
+    from kmlc.api import HOOK_PARAMS
+
+    rows = re.findall(r"^ *\| (admission|readahead|nfs-rsize) \| `(\w+)` \| (\w+) \|",
+                      (ROOT / "docs/hooks.md").read_text(), re.M)
+    shown = lambda v: ("Y" if v else "N") if isinstance(v, bool) else str(v)  # noqa: E731
+    assert rows == [(h, k, shown(v[0])) for h, t in HOOK_PARAMS.items() for k, v in t.items()]
+
+
 @pytest.mark.kernel
 def test_admission_sources_are_kernel_style(admission):
     kernel_c.check_checkpatch_clean(admission / "kernel")

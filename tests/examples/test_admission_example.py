@@ -155,13 +155,13 @@ def test_hook_bookkeeping_hand_computed():
 
 
 def test_reads_only_history_hand_computed():
-    """The ablation's hook variant: write completions leave the history
+    """The module's history_writes=0: write completions leave the history
     alone but the write still counts in the queue length; the training
     features (recorded events, write completions dropped) are the ones the
     variant computes in the closed loop."""
     from kmlc.features import ADMIT_FRAC
 
-    from admission import ablation, train
+    from admission import search, train
 
     tr = hand_trace([(0, 0, 1, 8192), (1, 0, 0, 4096), (2, 1, 0, 4096), (3, 0, 0, 8192),
                      (60, 0, 0, 4096)], units=4,
@@ -177,7 +177,7 @@ def test_reads_only_history_hand_computed():
                     [4096, 2] + [0] * 9]
     ev = np.array(pol.hooks[0].events, np.int64)
     data = train.Data(None, None, None, None, events=[ev])
-    assert ablation.features_of(data, False).tolist() == [seen[0], seen[2], seen[3]]
+    assert search.features_of(data, False).tolist() == [seen[0], seen[2], seen[3]]
 
 
 def test_simulation_is_closed_loop_and_deterministic():
@@ -337,14 +337,17 @@ def test_bad_arguments_one_line():
 
 @pytest.mark.torch
 def test_quick_pipeline_is_reproducible(tmp_path):
-    """One command runs the whole pipeline; retraining and re-simulating
-    with the same seeds gives the same model and the same numbers."""
+    """One command runs the whole pipeline: the labels are the searched
+    grid's best on the training seeds, the module carries the reads-only
+    history it was trained with; retraining with the chosen history and
+    labels and re-simulating with the same seeds gives the same model and
+    the same numbers."""
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
     import onnx
     from onnx import numpy_helper
 
-    from admission import evaluate, train
+    from admission import evaluate, search, train
 
     out = tmp_path / "q"
     res = run_example("--quick", "--out", out)
@@ -356,9 +359,20 @@ def test_quick_pipeline_is_reproducible(tmp_path):
     assert len(r["seeds"]) == 4
     assert r["accuracy"]["hook_vs_float"]["percent"] >= 99.0
     assert "| **learned**" in (out / "results.md").read_text()
+    lab = r["settings"]["labels"]
+    assert r["settings"]["history"] == "reads" and lab["constants"] == "searched"
+    assert len(lab["grid"]) == 2 and lab["avg"] == min(g["avg"] for g in lab["grid"])
+    assert "--hook-param history_writes=0" in r["kmlc"]["compile"]
+    for name in ("heimdall", "heimdall_gc"):
+        meta = json.loads((out / "build" / name / "kmlc.json").read_text())
+        assert meta["hook_params"]["history_writes"] is False
+    assert "static bool history_writes;" in \
+        (out / "build/heimdall/kernel/heimdall_admit.c").read_text()
 
-    # same training seeds -> the same weights
-    heim, *_ = train.collect(range(1000, 1002), traces.Config(duration_s=1.0))
+    # same training seeds, history and labels -> the same weights
+    heim, *_ = train.collect(r["settings"]["train_seeds"], traces.Config(duration_s=1.0))
+    heim.x = search.features_of(heim, False)
+    heim.y, heim.keep = search.labels_of(heim, lab["label_on"], search.params_of(lab))
     model = train.train_heimdall(heim, epochs=8)
     train.export(model, 11, tmp_path / "again.onnx")
 

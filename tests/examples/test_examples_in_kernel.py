@@ -3,7 +3,9 @@ as every other module: their KUnit suites on UML (module == twin, bit for
 bit, on golden vectors drawn from the example's own feature rows) and their
 hook modules in Debian's kernel under qemu (golden-vector self-test at
 load, the hook's scenario, 100 reload cycles, the module's trace replayed
-through the twin)."""
+through the twin; the admission module with the history its model was
+trained with, compiled in)."""
+import json
 import re
 
 import numpy as np
@@ -24,6 +26,12 @@ CASES = {
                      EX / "admission/results/calibration.npy"),
 }
 GOLDEN = 64
+# compiled as the example compiles it: the admission module carries the
+# history its model was trained with (run.py, search.compile_cmd)
+ADMIT_HISTORY = json.loads((EX / "admission/results/results.json").read_text())[
+    "settings"]["history"]
+OPTIONS = {"ex_admit": {"hook_params": {"history_writes": ADMIT_HISTORY == "all"},
+                        "input_margin": 0.25}}
 REPLAY = {"admission": (hooks.parse_admission_trace, "admit_replay"),
           "readahead": (hooks.parse_readahead_trace, "ra_replay"),
           "nfs-rsize": (hooks.parse_nfs_trace, "nfs_replay")}
@@ -37,7 +45,8 @@ def compiled(tmp_path_factory):
         rows = np.load(cal)
         pick = np.linspace(0, len(rows) - 1, GOLDEN).astype(int)
         kcompile(model, root / name, name=name, numerics="fixed", calibration=rows,
-                 hooks=[hook], golden_data=rows[pick], golden_count=GOLDEN)
+                 hooks=[hook], golden_data=rows[pick], golden_count=GOLDEN,
+                 **OPTIONS.get(name, {}))
         out[name] = root / name
     return out
 
@@ -67,3 +76,11 @@ def test_examples_hooks_in_real_kernel(compiled):
         assert len(feats) > 0, hook
         tf, td = getattr(load(compiled[name]), replay)(events)
         assert np.array_equal(tf, feats) and np.array_equal(td, decisions), hook
+        if hook == "admission":
+            # the scenario writes through the target; with the compiled-in
+            # history_writes=N no write completion enters the history
+            writes = re.search(r"kml_ex_admit-admission: PASS .* writes=(\d+)",
+                               "\n".join(res["lines"]))
+            assert int(writes.group(1)) >= 64
+            assert (events[:, 0] == 2).any() == \
+                OPTIONS["ex_admit"]["hook_params"]["history_writes"]

@@ -122,6 +122,32 @@ def test_zero_range_feature_is_a_constant(tmp_path):
     assert enc["lo"][2] == enc["hi"][2]
 
 
+def test_input_margin_widens_the_clamp_range(tmp_path):
+    """--input-margin m: each input's clamp range is the calibrated [lo, hi]
+    widened by m * (hi - lo) on each side, never across zero (hand-computed
+    from the calibration rows); an input beyond the calibrated maximum but
+    inside the widened range is no longer clamped."""
+    cal = np.float32([[1, -8, 2, -1], [9, -2, 2, 5], [5, -5, 2, 1]])
+    lo = np.float64([1, -8, 2, -1])
+    hi = np.float64([9, -2, 2, 5])
+    # margin 0.25: pads 2, 1.5, 0, 1.5; 1 - 2 stops at 0, -2 + 1.5 = -0.5
+    want_lo, want_hi = [0.0, -9.5, 2.0, -2.5], [11.0, -0.5, 2.0, 6.5]
+    for margin, (wlo, whi) in ((0.0, (lo, hi)), (0.25, (want_lo, want_hi))):
+        kcompile(normalized_mlp(), tmp_path / str(margin), targets="user", numerics="fixed",
+                 calibration=cal, input_margin=margin, name="im")
+        enc = load(tmp_path / str(margin)).fixed
+        f = np.ldexp(1.0, enc["frac_bits"])
+        assert np.array_equal(np.array(enc["lo"]) / f, np.floor(np.array(wlo) * f) / f)
+        assert np.array_equal(np.array(enc["hi"]) / f, np.ceil(np.array(whi) * f) / f)
+    beyond, at_max = np.float32([[10.5, -5, 2, 1]]), np.float32([[9, -5, 2, 1]])
+    tight, wide = load(tmp_path / "0.0"), load(tmp_path / "0.25")
+    assert np.array_equal(tight.run(beyond), tight.run(at_max))      # clamped to 9
+    assert not np.array_equal(wide.run(beyond), wide.run(at_max))
+    with pytest.raises(KmlcError, match="--input-margin -1: expected"):
+        kcompile(normalized_mlp(), tmp_path / "bad", targets="user", numerics="fixed",
+                 calibration=cal, input_margin=-1)
+
+
 def test_encoding_is_documented_and_applied_by_run(tmp_path):
     m = normalized_mlp()
     kcompile(m, tmp_path / "o", numerics="fixed", calibration=sample_rows(), name="enc")
