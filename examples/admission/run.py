@@ -125,9 +125,8 @@ def pipeline(a, argv, pmap) -> int:
     # 1-2. training data; the history and the labels
     t0 = time.perf_counter()
     seeds = list(range(TRAIN_SEEDS, TRAIN_SEEDS + S["train_seeds"]))
-    heim, lin, blk, dstats = train.collect(seeds, S["train_cfg"])
     history_writes = a.history == "all"
-    heim.x = search.features_of(heim, history_writes)
+    heim, lin, blk, dstats = train.collect(seeds, S["train_cfg"], history_writes)
     stage("training data (baseline on the training traces, labels)", t0)
     labels = {"constants": "artifact", **search.ARTIFACT_POINT}
     if a.labels == "searched":
@@ -203,8 +202,7 @@ def pipeline(a, argv, pmap) -> int:
     # the hook's fraction bits from the same events) vs the float model
     import kmlc as kmlc_api
     twin = kmlc_api.load(hdir)
-    raw = np.concatenate([features.admission(search.hook_events(ev, history_writes),
-                                             frac=twin.hook_frac).raw[~half]
+    raw = np.concatenate([features.admission(ev, frac=twin.hook_frac).raw[~half]
                           for ev, half in zip(heim.events, heim.halves)])
     hook_dec = twin.decide(raw)
     agree = int((hook_dec == (p >= 0.5)).sum())

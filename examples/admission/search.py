@@ -26,26 +26,21 @@ from . import evaluate, labeling, sim, train, traces
 
 GRID = {"drop": (1.7, 5.0), "future": (2, 3), "short": (3, 10), "label_on": ("all", "reads")}
 QUICK_GRID = {"drop": (1.7,), "future": (2, 3), "short": (3,), "label_on": ("all",)}
-# Heimdall's artifact: its constants (labeling.ARTIFACT) over every I/O
-ARTIFACT_POINT = {"drop": 1.7, "future": 3, "short": 3, "label_on": "all"}
+# Heimdall's artifact: its constants over every I/O
+ARTIFACT_POINT = {**labeling.ARTIFACT._asdict(), "label_on": "all"}
 
 
 def features_of(data: train.Data, history_writes: bool) -> np.ndarray:
-    """The features of every read with the history as chosen: the hook's
-    recorded events (always-admit, every completion), write completions
-    dropped for a reads-only history (the module's ``history_writes=0``)."""
+    """The features of every read with the history as chosen, from data
+    collected with every completion in the history (``train.collect``'s
+    default): write completions dropped for a reads-only history (the
+    module's ``history_writes=0``)."""
     from kmlc import features
 
     if history_writes:
         return data.x
-    return np.concatenate([features.admission(hook_events(ev, False)).values
+    return np.concatenate([features.admission(ev[ev[:, 0] != sim.WRITE_DONE]).values
                            for ev in data.events])
-
-
-def hook_events(ev: np.ndarray, history_writes: bool) -> np.ndarray:
-    """A recorded hook's events as the module with ``history_writes``
-    traces them: without the write completions for a reads-only history."""
-    return ev if history_writes else ev[ev[:, 0] != sim.WRITE_DONE]
 
 
 def labels_of(data: train.Data, label_on: str, params: labeling.Params):

@@ -81,10 +81,11 @@ def label_stats(y, keep, gc) -> dict:
             "slow_outside_gc": int(y[~gc].sum())}
 
 
-def collect(seeds, cfg) -> tuple[Data, Data, Data, dict]:
-    """Training data from the baseline on ``seeds``: Heimdall's (features
-    with every completion in the history, the artifact's labels over every
-    I/O), and LinnOS's over the hook's view and over the block layer's."""
+def collect(seeds, cfg, history_writes: bool = True) -> tuple[Data, Data, Data, dict]:
+    """Training data from the baseline on ``seeds``: Heimdall's (the hook's
+    events and features with the module's ``history_writes``, the
+    artifact's labels over every I/O), and LinnOS's over the hook's view
+    and over the block layer's."""
     from kmlc import features
 
     H, L, B = ([] for _ in range(3))
@@ -92,7 +93,8 @@ def collect(seeds, cfg) -> tuple[Data, Data, Data, dict]:
              "linnos_slow_outside_gc": 0}
     for seed in seeds:
         tr = traces.generate(seed, cfg)
-        rec = sim.heimdall(tr.size, lambda f: 0, features.ADMIT_FRAC, trace=True)
+        rec = sim.heimdall(tr.size, lambda f: 0, features.ADMIT_FRAC, trace=True,
+                           history_writes=history_writes)
         lin = sim.linnos(tr.size, record=True)
         blk = sim.LinnOSBlock(tr.size, record=True)
         res = [sim.simulate(tr, p) for p in (rec, lin, blk)]

@@ -133,7 +133,7 @@ def test_hook_params_set_the_compiled_defaults(tmp_path):
     assert decl(tmp_path / "d") == [("probe_every", "64"), ("history_writes", "true")]
     assert decl(tmp_path / "n") == [("probe_every", ""), ("history_writes", "")]
     assert decl(tmp_path / "p") == [("probe_every", "16"), ("history_writes", "true")]
-    assert "(default N; N: reads only)" in (tmp_path / "n/kernel/heimdall_admit.c").read_text()
+    assert "N: reads only (default N)" in (tmp_path / "n/kernel/heimdall_admit.c").read_text()
     assert json.loads((tmp_path / "n/kmlc.json").read_text())["hook_params"] == \
         {"probe_every": 0, "history_writes": False}
     ra = readahead_policy()

@@ -7,12 +7,13 @@ through the twin; the admission module with the history its model was
 trained with, compiled in)."""
 import json
 import re
+import shlex
 
 import numpy as np
 import pytest
 
 from conftest import ROOT
-from kmlc.api import compile as kcompile, load
+from kmlc.api import check_hook_params, compile as kcompile, load
 from kmlc.targets import hooks, kunit, qemu
 
 EX = ROOT / "examples"
@@ -26,12 +27,19 @@ CASES = {
                      EX / "admission/results/calibration.npy"),
 }
 GOLDEN = 64
-# compiled as the example compiles it: the admission module carries the
-# history its model was trained with (run.py, search.compile_cmd)
-ADMIT_HISTORY = json.loads((EX / "admission/results/results.json").read_text())[
-    "settings"]["history"]
-OPTIONS = {"ex_admit": {"hook_params": {"history_writes": ADMIT_HISTORY == "all"},
-                        "input_margin": 0.25}}
+
+
+def compiled_as_the_example() -> dict:
+    """The admission example's own compile options, from its checked-in
+    command line: the module carries the history its model was trained
+    with (--hook-param) and the inputs' clamp margin."""
+    cmd = shlex.split(json.loads((EX / "admission/results/results.json").read_text())[
+        "kmlc"]["compile"])
+    return {"input_margin": float(cmd[cmd.index("--input-margin") + 1]),
+            "hook_params": [cmd[i + 1] for i, a in enumerate(cmd) if a == "--hook-param"]}
+
+
+OPTIONS = {"ex_admit": compiled_as_the_example()}
 REPLAY = {"admission": (hooks.parse_admission_trace, "admit_replay"),
           "readahead": (hooks.parse_readahead_trace, "ra_replay"),
           "nfs-rsize": (hooks.parse_nfs_trace, "nfs_replay")}
@@ -82,5 +90,5 @@ def test_examples_hooks_in_real_kernel(compiled):
             writes = re.search(r"kml_ex_admit-admission: PASS .* writes=(\d+)",
                                "\n".join(res["lines"]))
             assert int(writes.group(1)) >= 64
-            assert (events[:, 0] == 2).any() == \
-                OPTIONS["ex_admit"]["hook_params"]["history_writes"]
+            params = check_hook_params([hook], OPTIONS["ex_admit"]["hook_params"])
+            assert (events[:, 0] == 2).any() == params["history_writes"]
