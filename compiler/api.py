@@ -78,12 +78,17 @@ def golden_inputs(in_elems: int, count: int, seed: int, data: np.ndarray | None)
 DM_MAX_TYPE_NAME = 16  # include/uapi/linux/dm-ioctl.h: a target type name and its NUL
 HOOKS = ("admission", "readahead", "nfs-rsize")
 # The hooks' tunable module parameters: name -> (default, lowest, highest);
-# a bool is (default, False, True).  --hook-param NAME=VALUE sets the
-# compiled-in default (a model trained for a setting carries it); the
-# parameter stays writable at load and run time.
+# a bool is (default, False, True); a list is an array with one value per
+# class, each in lowest..highest (NAME=V,V,...).  --hook-param NAME=VALUE
+# sets the compiled-in default (a model trained for a setting carries it);
+# the parameter stays writable at load and run time.
+# KML's readahead per class (readrandom, readrandomwriterandom, readseq,
+# readreverse): 16, 16, 640 and 960 sectors of 512 bytes, in 4 KiB pages.
+RA_PAGES = (2, 2, 80, 120)
 HOOK_PARAMS = {
     "admission": {"probe_every": (64, 0, 2**32 - 1), "history_writes": (True, False, True)},
-    "readahead": {"window_events": (64, 2, 1024), "window_ms": (1000, 1, 60000)},
+    "readahead": {"window_events": (64, 2, 1024), "window_ms": (1000, 1, 60000),
+                  "ra_pages": (RA_PAGES, 0, 8192)},
     "nfs-rsize": {"window_ms": (1000, 1, 60000), "vote": (1, 1, 16)},
 }
 _BOOLS = {"1": True, "y": True, "yes": True, "true": True, "on": True,
@@ -156,16 +161,29 @@ def check_hook_params(hooks: list[str], params) -> dict:
             v = value if isinstance(value, bool) else _BOOLS.get(str(value).lower())
             if v is None:
                 raise KmlcError(f"--hook-param {name}={value}: expected 0 or 1 (or y/n)")
+        elif isinstance(default, tuple):
+            items = value.split(",") if isinstance(value, str) else list(value)
+            v = tuple(_int_in(x, lo, hi) for x in items)
+            if len(v) != len(default) or None in v:
+                shown = value if isinstance(value, str) else ",".join(map(str, value))
+                raise KmlcError(f"--hook-param {name}={shown}: expected {len(default)} "
+                                f"comma-separated integers in {lo}..{hi}, one per class")
         else:
-            try:
-                v = int(value)
-            except (TypeError, ValueError):
-                v = None
-            if isinstance(value, bool) or v is None or not lo <= v <= hi:
+            v = _int_in(value, lo, hi)
+            if v is None:
                 raise KmlcError(f"--hook-param {name}={value}: expected an integer in "
                                 f"{lo}..{hi}")
         out[name] = v
     return out
+
+
+def _int_in(value, lo: int, hi: int) -> int | None:
+    """``value`` as an integer in lo..hi, else None (bools are not integers)."""
+    try:
+        v = int(str(value).strip()) if not isinstance(value, bool) else None
+    except ValueError:
+        return None
+    return v if v is not None and lo <= v <= hi else None
 
 
 def check_budget(prog: Program, max_weight_bytes: int, max_workspace_bytes: int) -> None:

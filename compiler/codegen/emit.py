@@ -334,23 +334,27 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         # for 0 and false, as the kernel's style wants) and as modinfo shows it
         "param": {k: {"init": f" = {str(v).lower()}" if v else "",
                       "doc": ("Y" if v else "N") if isinstance(v, bool) else str(v)}
-                  for k, v in (getattr(prog, "hook_params", None) or {}).items()},
+                  for k, v in (getattr(prog, "hook_params", None) or {}).items()
+                  if not isinstance(v, tuple)},
         **hook_context(prog),
     }
 
 
 HOOK_FILES = {"admission": "admit", "readahead": "ra", "nfs-rsize": "nfs"}
-# KML's readahead per class (readrandom, readrandomwriterandom, readseq,
-# readreverse): 16, 16, 640 and 960 sectors of 512 bytes, in 4 KiB pages.
-RA_PAGES = [2, 2, 80, 120]
-# KML's NFS rsize per class, in bytes (same four classes).
+# KML's four classes, in the order of the readahead and NFS class tables.
+CLASSES = ("readrandom", "readrandomwriterandom", "readseq", "readreverse")
+# KML's NFS rsize per class, in bytes.
 NFS_RSIZE = [4096, 4096, 262144, 262144]
 
 
 def hook_context(prog: Program) -> dict:
     """What the hook templates print about the model's decision."""
     enc = fixed_interface(prog)
-    ra = {"ra_table": [str(v) for v in RA_PAGES], "rsize_table": [str(v) for v in NFS_RSIZE]}
+    from ..api import RA_PAGES
+
+    table = (getattr(prog, "hook_params", None) or {}).get("ra_pages", RA_PAGES)
+    ra = {"ra_table": [str(v) for v in table], "ra_classes": ", ".join(CLASSES),
+          "rsize_table": [str(v) for v in NFS_RSIZE]}
     if not enc:
         return ra
     out = enc["outputs"][0]

@@ -198,16 +198,17 @@ def agreement(outdirs: dict, traces: dict, windows, predict) -> dict:
     return out
 
 
-def compile_both(onnx_path: Path, cal_path: Path, hooks: str, work: Path, build: bool):
-    """``kmlc compile --hooks HOOKS`` fixed point (calibrated on CAL_PATH) and
-    float into WORK/fixed and WORK/float, and ``kmlc build`` both when BUILD
-    and kernel headers are installed.  Returns (dirs, compiled, built),
-    each keyed by "fixed" and "float"."""
+def compile_both(onnx_path: Path, cal_path: Path, hooks: str, work: Path, build: bool,
+                 options=()):
+    """``kmlc compile --hooks HOOKS [OPTIONS]`` fixed point (calibrated on
+    CAL_PATH) and float into WORK/fixed and WORK/float, and ``kmlc build``
+    both when BUILD and kernel headers are installed.  Returns (dirs,
+    compiled, built), each keyed by "fixed" and "float"."""
     dirs = {"fixed": work / "fixed", "float": work / "float"}
     compiled = {
         "fixed": kmlc("compile", onnx_path, "-o", dirs["fixed"], "--numerics", "fixed",
-                      "--calibration", cal_path, "--hooks", hooks),
-        "float": kmlc("compile", onnx_path, "-o", dirs["float"], "--hooks", hooks),
+                      "--calibration", cal_path, "--hooks", hooks, *options),
+        "float": kmlc("compile", onnx_path, "-o", dirs["float"], "--hooks", hooks, *options),
     }
     built = {k: kmlc("build", d) for k, d in dirs.items()} if build and have_headers() else {}
     return dirs, compiled, built
@@ -243,14 +244,14 @@ def machine() -> str:
 
 
 def report_head(r: dict, timing: dict, *, training: str, paper_cv: float, tuned: str,
-                axis: tuple[str, str], caption: str, digits: int, classes, policies) -> list:
+                axis: str, caption: str, digits: int, classes, policies) -> list:
     """The first lines of a trained example's results.md: the command, the
     cross-validation paragraph and confusion matrix, the fixed-vs-float
     agreement and the throughput of every policy relative to the first.
     ``training``: what the model was trained on; ``tuned``: the setting the
-    classes choose; ``axis``: the results' outer key (column name, plural);
+    classes choose; ``axis``: the results' outer key (its column's name);
     ``digits``: decimals of percentages and base throughputs."""
-    t, a, (col, cols) = r["training"], r["agreement"]["all"], axis
+    t, a, col = r["training"], r["agreement"]["all"], axis
     lines = [f"Command: `{r['command']}`, {timing['total']:.0f} s on {machine()}.", ""]
     lines += [f"**Training** ({training}): "
               + ", ".join(f"{c} {n}" for c, n in t["rows_per_class"].items()) + " windows.  "
@@ -265,7 +266,7 @@ def report_head(r: dict, timing: dict, *, training: str, paper_cv: float, tuned:
     lines += ["", f"**Fixed vs float**: the two compiled twins take the same decision on "
               f"{a['fixed_vs_float']} of {a['windows']} held-out windows "
               f"({100 * a['fixed_vs_float'] / max(1, a['windows']):.2f}%, all five workloads, "
-              f"both {cols}); the float twin agrees with PyTorch on {a['float_vs_torch']}.", ""]
+              f"in every {col}); the float twin agrees with PyTorch on {a['float_vs_torch']}.", ""]
     lines += [caption, "", f"| {col} | workload | default MB/s | " + " | ".join(policies[1:])
               + " |", "|---|---|---|" + "---|" * (len(policies) - 1)]
     for k, per_w in r["results"].items():

@@ -54,7 +54,10 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from readahead.sim import PAGE_SHIFT, PAGE_SIZE, PREFETCHED, USED, Cpu, Device, Sim
+from readahead.sim import (MAPPED, PAGE_SHIFT, PAGE_SIZE, PREFETCHED, STATE, USED, Cpu,
+                           Device, Sim)
+
+PAGE_INDEX = MAPPED + 1   # a cached page's list: readahead.sim's fields, then its index
 
 INDEX_MASK = (1 << 40) - 1        # readahead.sim's cache key: file id << 40 | page index
 RECLAIM_BATCH = 32                # SWAP_CLUSTER_MAX: pages per shrink_inactive_list() batch
@@ -214,9 +217,9 @@ class NfsSim(Sim):
             n = 0
             while n < RECLAIM_BATCH and self.cache:
                 _, victim = self.cache.popitem(last=False)
-                if victim[2] == PREFETCHED:
+                if victim[STATE] == PREFETCHED:
                     self.stats.wasted += 1
-                victim[2] = USED
+                victim[STATE] = USED
                 n += 1
             self.emit(RECLAIM, n)
         page = super()._add(key, state)
@@ -235,7 +238,7 @@ class NfsSim(Sim):
         for i in range(0, len(pages), per):
             chunk = pages[i:i + per]
             sent = self.now
-            self.emit(READ, chunk[0][3] << PAGE_SHIFT)
+            self.emit(READ, chunk[0][PAGE_INDEX] << PAGE_SHIFT)
             self.now += self.disk.c.issue_ns
             done = self.disk.read(sent, len(chunk))
             for p in chunk:

@@ -178,7 +178,7 @@ def report(r: dict, timing: dict) -> str:
     from nfs_rsize.experiment import policy_rsize, ra_419
 
     lines = report_head(r, timing, training=", ".join(TRAIN_NETS) + "; four classes",
-                        paper_cv=98.6, tuned="rsize", axis=("net", "networks"),
+                        paper_cv=98.6, tuned="rsize", axis="net",
                         caption="**Throughput relative to the negotiated rsize** "
                         "(default: 1 MiB, no hook):", digits=2, classes=CLASSES,
                         policies=POLICIES)

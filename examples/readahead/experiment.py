@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from .workloads import APPEND, APPEND_BYTES, CLASSES, CpuCosts, Db, generate
 
 DEFAULT_RA = 32                       # VM_READAHEAD_PAGES: 128 KiB
 WINDOW_EVENTS, WINDOW_MS = 64, 1000   # the hook's module parameters, at their defaults
-EXPLORE_RA = (2, 32, 80, 120)         # the values a file's ra_pages takes under the hook
+EXPLORE_RA = (2, 32, 80, 120)         # the values a file's ra_pages takes under KML's table
 
 
 def policy_table(outdir: Path, array: str, what: str, hooks: str) -> list[int]:
@@ -37,8 +38,12 @@ def policy_table(outdir: Path, array: str, what: str, hooks: str) -> list[int]:
 
 
 def class_table(outdir: Path) -> list[int]:
-    """The class -> ra_pages table of a model compiled with --hooks readahead."""
-    return policy_table(outdir, "_ra_pages", "readahead", "readahead")
+    """The class -> ra_pages table a model compiled with --hooks readahead
+    starts with: its ra_pages module parameter, as kmlc.json records it."""
+    params = json.loads(Path(outdir, "kmlc.json").read_text()).get("hook_params", {})
+    if "ra_pages" not in params:
+        raise FileNotFoundError(f"{outdir}: no readahead table (compile with --hooks readahead)")
+    return [int(v) for v in params["ra_pages"]]
 
 
 class LearnedHook:
@@ -95,12 +100,12 @@ class LearnedHook:
 class ExploreHook:
     """The hook's windows without a model: each closed window's features
     (float encoding) are kept, then the file gets a random ra_pages from
-    EXPLORE_RA with probability ``p``."""
+    ``values`` with probability ``p``."""
 
-    def __init__(self, rng: np.random.Generator, p: float = 0.5):
+    def __init__(self, rng: np.random.Generator, p: float = 0.5, values=EXPLORE_RA):
         from kmlc import features
 
-        self.rng, self.p = rng, p
+        self.rng, self.p, self.values = rng, p, tuple(values)
         self.stream = features.ReadaheadStream(window_events=WINDOW_EVENTS, window_ms=WINDOW_MS)
         self.rows: list[np.ndarray] = []
 
@@ -110,7 +115,7 @@ class ExploreHook:
         if feats is not None:
             self.rows.append(feats)
             if self.rng.random() < self.p:
-                f.ra.ra_pages = int(self.rng.choice(EXPLORE_RA))
+                f.ra.ra_pages = int(self.rng.choice(self.values))
         return seen
 
 
@@ -124,16 +129,19 @@ def measured_ops(workload: str, db: Db, quick: bool = False) -> tuple[int, int]:
     return 2 * db.cache_pages, (2 if quick else 3) * db.cache_pages
 
 
-def replay(sim, db: Db, ra_pages: int, ops, warm: int, until=None) -> None:
+def replay(sim, db: Db, ra_pages: int, ops, warm: int, until=None, access: str = "pread") -> None:
     """Runs db_bench operations (rows {kind, file, block, cpu ns}) on a
     page-cache simulator (``Sim`` or the NFS client's), over the database's
     files and its write-ahead log, each with ``ra_pages`` of readahead;
     measuring starts at operation ``warm``.  ``until()``, checked every 64
-    operations, ends the run early when true."""
+    operations, ends the run early when true.  ``access``: the database
+    files are read with "pread" or through "mmap" (RocksDB's
+    use_mmap_reads; ``Sim`` only)."""
     files = [File(i, db.file_pages * PAGE_SIZE, ra_pages) for i in range(db.files)]
     files.append(File(db.files, 0, ra_pages))             # the write-ahead log
     bb = db.block_bytes
-    read, append, think = sim.read, sim.append, sim.think
+    read = {"pread": sim.read, "mmap": getattr(sim, "mmap_read", None)}[access]
+    append, think = sim.append, sim.think
     for n, (kind, fid, block, cpu_ns) in enumerate(ops):
         if n == warm:
             sim.start_measuring()
@@ -149,7 +157,7 @@ def replay(sim, db: Db, ra_pages: int, ops, warm: int, until=None) -> None:
 
 def run(workload: str, device: str, policy: str, db: Db, *, seed: int, warm: int,
         measure: int, outdir: Path | None = None, trace: list | None = None,
-        hook=None, cpu: Cpu = Cpu(), app: CpuCosts = CpuCosts()) -> dict:
+        hook=None, cpu: Cpu = Cpu(), app: CpuCosts = CpuCosts(), access: str = "pread") -> dict:
     """One run: the same operations (``seed``) whatever the policy.
     ``policy``: "default", "fixed-N", "learned" (needs ``outdir``, a
     compiled model) or "explore" (needs ``hook``)."""
@@ -165,7 +173,8 @@ def run(workload: str, device: str, policy: str, db: Db, *, seed: int, warm: int
     else:
         raise ValueError(f"unknown policy {policy!r}")
     sim = Sim(DEVICES[device], db.cache_pages, cpu, hook=hook, trace=trace)
-    replay(sim, db, ra, generate(workload, db, warm + measure, seed, app).tolist(), warm)
+    replay(sim, db, ra, generate(workload, db, warm + measure, seed, app).tolist(), warm,
+           access=access)
     out = sim.result()
     if isinstance(hook, LearnedHook):
         out["decisions"] = {c: int(v) for c, v in zip(CLASSES, hook.decisions)}

@@ -1,14 +1,19 @@
 """A trace-driven page cache with Linux 6.1's on-demand readahead.
 
-One single-threaded application reads files with pread() through a page
-cache of bounded size (plain LRU) in front of one device.  The read path
-mirrors mm/filemap.c (filemap_read -> filemap_get_pages), and readahead
-mirrors mm/readahead.c function by function, including its quirks; each
-function below names the kernel function it follows (Linux 6.1, as unpacked
-under ~/.cache/kmlc/linux-source-6.1).  What is not modelled:
+One single-threaded application reads files through a page cache of
+bounded size (plain LRU) in front of one device, either with pread() or
+through a shared file mapping (mmap).  The pread path mirrors mm/filemap.c
+(filemap_read -> filemap_get_pages); the mmap path mirrors the read fault
+(mm/memory.c do_read_fault -> do_fault_around -> filemap_map_pages, then
+mm/filemap.c filemap_fault with its mmap read-around); readahead mirrors
+mm/readahead.c function by function, including its quirks; each function
+below names the kernel function it follows (Linux 6.1, as unpacked under
+~/.cache/kmlc/linux-source-6.1).  What is not modelled:
 
 * large folios (ext4 in 6.1 has none, so page_cache_ra_order() always takes
-  its do_page_cache_ra() fallback), mmap faults, FMODE_RANDOM (fadvise) and
+  its do_page_cache_ra() fallback), FMODE_RANDOM and madvise hints
+  (VM_RAND_READ/VM_SEQ_READ), transparent huge pages, the fault retry
+  after dropping mmap_lock (it finds the page and does nothing else), and
   blk-cgroup congestion;
 * Linux's active/inactive LRU lists: one LRU list, and pages added by
   readahead enter it at the most-recently-used end;
@@ -22,9 +27,10 @@ whose I/O has not completed waits for it.  Device requests follow
 requests in flight, and transfers that share the device's bandwidth one
 after another.
 
-The readahead decision points are page_cache_sync_ra() and
-page_cache_async_ra(), where the kmlc readahead hook's kprobes sit: every
-call goes to ``Sim.hook(sim, file, index, t_ns)`` first (it may change
+The readahead decision points are page_cache_sync_ra(),
+page_cache_async_ra() and a fault on a page that is not cached (where
+filemap_fault() calls do_sync_mmap_readahead()), where the kmlc readahead
+hook's kprobes sit: every one goes to ``Sim.hook(sim, file, index, t_ns)`` first (it may change
 ``file.ra.ra_pages``, as the hook does) and, with ``Sim.trace`` set, is
 recorded as {time ns, file id, page index, ra_pages as the hook saw it}:
 the event stream the hook sees and kmlc.features consumes.
@@ -44,6 +50,11 @@ USED = 0                  # read by the application at least once (or written)
 PREFETCHED_WARM = 1       # added by readahead during warm-up, not read yet
 PREFETCHED = 2            # added by readahead while measuring, not read yet
 DEMAND = 3                # added for the read that is waiting for it
+
+# A cached page: [ready ns, PG_readahead, state, mapped in the application's page table]
+READY, MARKED, STATE, MAPPED = range(4)
+FAULT_AROUND_PAGES = 16   # mm/memory.c fault_around_bytes: 64 KiB
+MMAP_LOTSAMISS = 100      # mm/filemap.c
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,8 @@ class Cpu:
     syscall_ns: int = 1_000        # pread entry/exit, VFS
     copy_ns: int = 400             # copy one page to user space (~10 GB/s)
     insert_ns: int = 300           # allocate a page, add it to the cache and LRU, set up I/O
+    fault_ns: int = 1_000          # a page fault: entry, VMA lookup, page table walk
+    map_ns: int = 100              # fault-around: map one cached page
     hook_event_ns: int = 500       # learned policy: a kprobe hit, the lock, the window update
     hook_infer_ns: int = 21_000    # learned policy: one inference and setting ra_pages
                                    # (KML's measured 21 us)
@@ -110,11 +123,11 @@ class Disk:
 
 class RaState:
     """struct file_ra_state (include/linux/fs.h)."""
-    __slots__ = ("start", "size", "async_size", "ra_pages", "prev_pos")
+    __slots__ = ("start", "size", "async_size", "ra_pages", "mmap_miss", "prev_pos")
 
     def __init__(self, ra_pages: int):
         # file_ra_state_init(): ra_pages from the bdi, prev_pos = -1
-        self.start = self.size = self.async_size = 0
+        self.start = self.size = self.async_size = self.mmap_miss = 0
         self.ra_pages = ra_pages
         self.prev_pos = -1
 
@@ -153,7 +166,8 @@ def get_next_ra_size(cur: int, max_pages: int) -> int:
 
 class Stats:
     __slots__ = ("bytes", "ops", "reads", "pages", "hits", "misses", "prefetched", "used",
-                 "wasted", "sync_calls", "async_calls", "added", "wait_ns", "t0", "t1")
+                 "wasted", "sync_calls", "async_calls", "fault_calls", "faults", "added",
+                 "wait_ns", "t0", "t1")
 
     def __init__(self):
         for k in self.__slots__:
@@ -164,8 +178,8 @@ class Sim:
     """The page cache, the device and the kernel's read and readahead code.
 
     ``hook(sim, file, index, t_ns)``: called at the entry of
-    page_cache_sync_ra() and page_cache_async_ra(), like the kmlc hook's
-    kprobes; it may change ``file.ra.ra_pages`` and returns the ra_pages its
+    page_cache_sync_ra() and page_cache_async_ra(), and of filemap_fault()
+    for a page that is not cached, like the kmlc hook's kprobes; it may change ``file.ra.ra_pages`` and returns the ra_pages its
     window saw (None: the file's, unchanged).  ``trace``: a list to which
     each of those calls is appended as (t_ns, file id, index, ra_pages), with
     the ra_pages the hook saw: what the module's trace=1 records.
@@ -176,7 +190,7 @@ class Sim:
         self.disk = Disk(device)
         self.cpu = cpu
         self.capacity = cache_pages
-        self.cache: OrderedDict[int, list] = OrderedDict()  # key -> [ready_ns, PG_readahead, state]
+        self.cache: OrderedDict[int, list] = OrderedDict()  # key -> page (READY, ...)
         self.now = 0
         self.hook = hook
         self.trace = trace
@@ -206,9 +220,12 @@ class Sim:
             "prefetch_accuracy": s.used / s.prefetched if s.prefetched else 0.0,
             "wasted_pages": s.wasted,
             "pages_added_per_s": s.added / secs if secs else 0.0,
-            "ra_calls_per_s": (s.sync_calls + s.async_calls) / secs if secs else 0.0,
+            "ra_calls_per_s": (s.sync_calls + s.async_calls + s.fault_calls) / secs
+            if secs else 0.0,
             "sync_calls": s.sync_calls,
             "async_calls": s.async_calls,
+            "fault_calls": s.fault_calls,
+            "faults": s.faults,
             "device_requests": self.disk.requests,
             "device_pages_read": self.disk.pages_read,
         }
@@ -222,10 +239,10 @@ class Sim:
         cache = self.cache
         if len(cache) >= self.capacity:
             _, victim = cache.popitem(last=False)
-            if victim[2] == PREFETCHED:
+            if victim[STATE] == PREFETCHED:
                 self.stats.wasted += 1
-            victim[2] = USED    # a read still holding it (a batch) is not a prefetch hit
-        page = [ULONG_MAX, False, state]
+            victim[STATE] = USED    # a read still holding it (a batch) is not a prefetch hit
+        page = [ULONG_MAX, False, state, False]
         cache[key] = page
         self.now += self.cpu.insert_ns
         self.stats.added += 1
@@ -236,7 +253,7 @@ class Sim:
         if pages:
             done = self.disk.submit(self.now, len(pages), write)
             for p in pages:
-                p[0] = done
+                p[READY] = done
 
     def page_cache_next_miss(self, f: File, index: int, max_scan: int) -> int:
         """mm/filemap.c page_cache_next_miss() as 6.1 has it: checks index,
@@ -291,7 +308,7 @@ class Sim:
             if not is_demand:
                 self.stats.prefetched += self.measuring
             if i == nr_to_read - lookahead_size:
-                page[1] = True
+                page[MARKED] = True
             run.append(page)
         self._submit(run)
 
@@ -403,7 +420,8 @@ class Sim:
         self.do_page_cache_ra(f, ra.start, ra.size, ra.async_size)
 
     def _event(self, f: File, index: int) -> None:
-        """The kprobe on page_cache_sync_ra()/page_cache_async_ra()."""
+        """The kprobes on page_cache_sync_ra()/page_cache_async_ra(), and on
+        filemap_fault() for a page that is not cached."""
         t = self.now
         seen = self.hook(self, f, index, t) if self.hook is not None else None
         if self.trace is not None:
@@ -423,7 +441,7 @@ class Sim:
         self.stats.async_calls += 1
         if not f.ra.ra_pages:
             return
-        page[1] = False          # folio_clear_readahead(); never under writeback here
+        page[MARKED] = False         # folio_clear_readahead(); never under writeback here
         self.ondemand_readahead(f, index, True, req_count)
 
     # ---- mm/filemap.c ------------------------------------------------------------------
@@ -439,7 +457,7 @@ class Sim:
             if page is None:
                 break
             batch.append((i, page))
-            if page[0] > now or page[1]:
+            if page[READY] > now or page[MARKED]:
                 break
         return batch
 
@@ -449,7 +467,7 @@ class Sim:
         want = pos + count                  # iocb->ki_pos + iter->count
         end = min(want, f.isize)
         got = 0
-        st, cache = self.stats, self.cache
+        st = self.stats
         while pos < end:
             # filemap_get_pages()
             index = pos >> PAGE_SHIFT
@@ -466,29 +484,19 @@ class Sim:
                 self._submit([page])
                 batch = [(index, page)]
             i, page = batch[-1]
-            if page[1]:                                                # filemap_readahead()
+            if page[MARKED]:                                              # filemap_readahead()
                 self._demand = (i, last_index)
                 self.page_cache_async_ra(f, i, page, last_index - i)
                 self._demand = (0, 0)
-            if page[0] > self.now:                                     # filemap_update_page()
-                st.wait_ns += page[0] - self.now
-                self.now = page[0]
+            if page[READY] > self.now:                                   # filemap_update_page()
+                st.wait_ns += page[READY] - self.now
+                self.now = page[READY]
             # copy the batch; prev_pos follows each page copied
             for i, page in batch:
-                key = f.base | i
-                if key in cache:
-                    cache.move_to_end(key)
-                state = page[2]
-                if state == DEMAND:
-                    st.misses += 1
-                else:
-                    st.hits += 1
-                    st.used += state == PREFETCHED
-                page[2] = USED
+                self._use(f.base | i, page)
                 n = min(end, (i + 1) << PAGE_SHIFT) - pos
                 pos += n
                 got += n
-                st.pages += 1
                 self.now += self.cpu.copy_ns
             f.ra.prev_pos = pos
         st.bytes += got
@@ -496,6 +504,113 @@ class Sim:
         return got
 
     _demand = (0, 0)   # pages the current read is waiting for (for the metrics)
+
+    def _use(self, key: int, page: list) -> None:
+        """The application reads a page it has (metrics, and the LRU)."""
+        st = self.stats
+        if key in self.cache:
+            self.cache.move_to_end(key)
+        state = page[STATE]
+        if state == DEMAND:
+            st.misses += 1
+        else:
+            st.hits += 1
+            st.used += state == PREFETCHED
+        page[STATE] = USED
+        st.pages += 1
+
+    def mmap_read(self, f: File, pos: int, count: int) -> int:
+        """Reads [pos, pos + count) through a shared mapping of the whole file
+        (no madvise): a page already in the page table is read as is (and
+        touches the LRU, as its accessed bit would on reclaim); any other
+        page faults (``fault``).  Returns the bytes read."""
+        end = min(pos + count, f.isize)
+        if end <= pos:
+            return 0
+        cache, base = self.cache, f.base
+        for i in range(pos >> PAGE_SHIFT, ((end - 1) >> PAGE_SHIFT) + 1):
+            page = cache.get(base | i)
+            if page is None or not page[MAPPED]:
+                page = self.fault(f, i)
+            self._use(base | i, page)
+        self.stats.bytes += end - pos
+        self.stats.reads += 1
+        return end - pos
+
+    def fault(self, f: File, index: int) -> list:
+        """A read fault on page ``index`` of a shared file mapping: mm/memory.c
+        do_read_fault(): do_fault_around() first (filemap_map_pages()), then
+        filemap_fault() if that did not map the page; waits for the page and
+        maps it (finish_fault()).  Returns the page."""
+        cache, base, cpu, ra = self.cache, f.base, self.cpu, f.ra
+        self.now += cpu.fault_ns
+        self.stats.faults += 1
+        # do_fault_around() -> filemap_map_pages(): the 16-page aligned block
+        # around the fault; each cached page that is up to date, unlocked and
+        # not marked PG_readahead counts as an mmap hit (mmap_miss--), and is
+        # mapped unless it already is.
+        lo = index & -FAULT_AROUND_PAGES
+        hi = min(lo + FAULT_AROUND_PAGES - 1, (f.isize - 1) >> PAGE_SHIFT)
+        now = self.now
+        for i in range(lo, hi + 1):
+            page = cache.get(base | i)
+            if page is None or page[READY] > now or page[MARKED]:
+                continue
+            if ra.mmap_miss > 0:
+                ra.mmap_miss -= 1
+            if not page[MAPPED]:
+                page[MAPPED] = True
+                self.now += cpu.map_ns
+        page = cache.get(base | index)
+        if page is not None and page[MAPPED]:
+            return page
+        # filemap_fault()
+        self._demand = (index, index + 1)
+        if page is not None:
+            self._async_mmap_readahead(f, index, page)
+        else:
+            self._sync_mmap_readahead(f, index)
+            page = cache.get(base | index)
+            if page is None:     # __filemap_get_folio(FGP_CREAT), filemap_read_folio()
+                page = self._add(base | index, DEMAND)
+                self._submit([page])
+        self._demand = (0, 0)
+        if page[READY] > self.now:       # lock_folio_maybe_drop_mmap(): wait for the I/O
+            self.stats.wait_ns += page[READY] - self.now
+            self.now = page[READY]
+        page[MAPPED] = True
+        return page
+
+    def _sync_mmap_readahead(self, f: File, index: int) -> None:
+        """mm/filemap.c do_sync_mmap_readahead(), after the hook's kprobe on
+        filemap_fault(): mmap read-around, ra_pages centred on the fault with
+        the marker a quarter from its end, unless the file has missed more
+        than MMAP_LOTSAMISS times more than it hit."""
+        self._event(f, index)
+        self.stats.fault_calls += 1
+        ra = f.ra
+        if not ra.ra_pages:
+            return
+        if ra.mmap_miss < MMAP_LOTSAMISS * 10:
+            ra.mmap_miss += 1
+        if ra.mmap_miss > MMAP_LOTSAMISS:
+            return
+        ra.start = max(0, index - ra.ra_pages // 2)
+        ra.size = ra.ra_pages
+        ra.async_size = ra.ra_pages // 4
+        self.do_page_cache_ra(f, ra.start, ra.size, ra.async_size)   # page_cache_ra_order()
+
+    def _async_mmap_readahead(self, f: File, index: int, page: list) -> None:
+        """mm/filemap.c do_async_mmap_readahead(): a fault that found its page
+        cached (but not mapped by fault-around) is an mmap hit; a marked
+        page starts asynchronous readahead of ra_pages."""
+        ra = f.ra
+        if not ra.ra_pages:
+            return
+        if ra.mmap_miss:
+            ra.mmap_miss -= 1
+        if page[MARKED]:
+            self.page_cache_async_ra(f, index, page, ra.ra_pages)
 
     def append(self, f: File, nbytes: int, flush_pages: int = 256) -> None:
         """write() appending to a log: new pages enter the cache dirty (no
@@ -507,7 +622,7 @@ class Sim:
         for i in range((old + PAGE_SIZE - 1) >> PAGE_SHIFT,
                        (f.isize + PAGE_SIZE - 1) >> PAGE_SHIFT):
             page = self._add(f.base | i, USED)
-            page[0] = self.now
+            page[READY] = self.now
             self.now += self.cpu.copy_ns
         full = f.isize >> PAGE_SHIFT
         if full // flush_pages > (old >> PAGE_SHIFT) // flush_pages:

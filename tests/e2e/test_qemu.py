@@ -138,9 +138,21 @@ def test_hook_params_set_the_compiled_defaults(tmp_path):
         {"probe_every": 0, "history_writes": False}
     ra = readahead_policy()
     kcompile(ra[0], tmp_path / "r", numerics="fixed", calibration=ra[1], hooks=["readahead"],
-             targets="kernel", name="rap", hook_params=["window_events=16"])
-    assert "static unsigned int window_events = 16;" in \
-        (tmp_path / "r/kernel/rap_ra.c").read_text()
+             targets="kernel", name="rap", hook_params=["window_events=16", "ra_pages=4,4,0,256"])
+    src = (tmp_path / "r/kernel/rap_ra.c").read_text()
+    assert "static unsigned int window_events = 16;" in src
+    assert re.search(r"static unsigned int ra_pages\[KML_RAP_OUT_ELEMS\] = \{\s*4, 4, 0, 256,\s*\};"
+                     r"\nmodule_param_array\(ra_pages, uint, NULL, 0644\);", src)
+    assert "(default 4,4,0,256)" in src
+    assert json.loads((tmp_path / "r/kmlc.json").read_text())["hook_params"]["ra_pages"] == \
+        [4, 4, 0, 256]
+    for bad, msg in ((["ra_pages=4,4,80"], "ra_pages=4,4,80: expected 4 comma-separated "
+                      r"integers in 0\.\.8192, one per class"),
+                     (["ra_pages=4,4,80,9000"], "ra_pages=4,4,80,9000: expected 4"),
+                     (["ra_pages=4,x,80,2"], "ra_pages=4,x,80,2: expected 4")):
+        with pytest.raises(KmlcError, match=msg):
+            kcompile(ra[0], tmp_path / "bad", numerics="fixed", calibration=ra[1],
+                     hooks=["readahead"], hook_params=bad)
     for bad, msg in ((["history_writes=2"], "history_writes=2: expected 0 or 1"),
                      (["probe_every=-1"], r"probe_every=-1: expected an integer in 0\.\.4294967295"),
                      (["vote=3"], "the admission hook has no parameter 'vote'"),
@@ -154,9 +166,10 @@ def test_hook_params_set_the_compiled_defaults(tmp_path):
     from conftest import ROOT
     from kmlc.api import HOOK_PARAMS
 
-    rows = re.findall(r"^ *\| (admission|readahead|nfs-rsize) \| `(\w+)` \| (\w+) \|",
+    rows = re.findall(r"^ *\| (admission|readahead|nfs-rsize) \| `(\w+)` \| ([\w,]+) \|",
                       (ROOT / "docs/hooks.md").read_text(), re.M)
-    shown = lambda v: ("Y" if v else "N") if isinstance(v, bool) else str(v)  # noqa: E731
+    shown = lambda v: (("Y" if v else "N") if isinstance(v, bool)  # noqa: E731
+                       else ",".join(map(str, v)) if isinstance(v, tuple) else str(v))
     assert rows == [(h, k, shown(v[0])) for h, t in HOOK_PARAMS.items() for k, v in t.items()]
 
 
@@ -191,12 +204,15 @@ def test_readahead_hook_in_real_kernel(readahead):
         lines = [ln for ln in res["lines"] if ln.startswith(mod + "-")]
         assert any("readahead: PASS sequential ra_pages=80 > random ra_pages=2" in ln
                    for ln in lines), lines
+        assert any("mmap: PASS sequential ra_pages=80 > random ra_pages=2" in ln
+                   for ln in lines), lines
         assert any("reload-cycles: PASS 100 cycles" in ln for ln in lines), lines
     dumps = re.findall(r"KMLC-TRACE-BEGIN readahead\n(.*?)KMLC-TRACE-END", res["log"], re.S)
     assert len(dumps) == 2
     for d, text in zip(readahead, dumps):
         events, feats, classes = parse_readahead_trace(text)
         assert len(feats) > 50
+        assert (events[:, 3] & 4).any()     # faults on uncached pages of a mapping
         tf, tc = load(d).ra_replay(events)
         assert np.array_equal(tf, feats)
         if d.name == "fx":  # the float model decides later, in process context
@@ -319,7 +335,8 @@ def test_hooks_in_real_6_12_kernel(admission, readahead, nfs_rsize):
     k612 = [k for k in kernel.installed_headers() if qemu.release_of(k).startswith("6.12.")]
     res = qemu.run([admission, *readahead, nfs_rsize[1]], kdir=k612[-1])
     assert res["ok"], "\n".join(res["lines"])
-    # admission: self-test, routing, attach cycles, reload cycles; readahead x2: 3 each;
-    # nfs-rsize: self-test, rsize, detach, reload cycles, nfs.ko reload
-    assert sum("PASS" in ln for ln in res["lines"]) == 15, res["lines"]
+    # admission: self-test, routing, attach cycles, reload cycles; readahead x2: 4 each
+    # (self-test, read, mmap, reload cycles); nfs-rsize: self-test, rsize, detach,
+    # reload cycles, nfs.ko reload
+    assert sum("PASS" in ln for ln in res["lines"]) == 17, res["lines"]
     check_nfs_run(res, nfs_rsize[1:])

@@ -29,17 +29,25 @@ CASES = {
 GOLDEN = 64
 
 
-def compiled_as_the_example() -> dict:
-    """The admission example's own compile options, from its checked-in
-    command line: the module carries the history its model was trained
-    with (--hook-param) and the inputs' clamp margin."""
-    cmd = shlex.split(json.loads((EX / "admission/results/results.json").read_text())[
-        "kmlc"]["compile"])
-    return {"input_margin": float(cmd[cmd.index("--input-margin") + 1]),
-            "hook_params": [cmd[i + 1] for i, a in enumerate(cmd) if a == "--hook-param"]}
+def compiled_as_the_example(command: str) -> dict:
+    """An example's own compile options, from its checked-in command line:
+    the module carries what its model was trained with (--hook-param: the
+    admission history, the readahead class table) and the inputs' clamp
+    margin."""
+    cmd = shlex.split(command)
+    out = {"hook_params": [cmd[i + 1] for i, a in enumerate(cmd) if a == "--hook-param"]}
+    if "--input-margin" in cmd:
+        out["input_margin"] = float(cmd[cmd.index("--input-margin") + 1])
+    return out
 
 
-OPTIONS = {"ex_admit": compiled_as_the_example()}
+def results(example: str) -> dict:
+    return json.loads((EX / example / "results/results.json").read_text())
+
+
+OPTIONS = {"ex_admit": compiled_as_the_example(results("admission")["kmlc"]["compile"]),
+           "ex_readahead": compiled_as_the_example(
+               results("readahead")["compile"]["fixed"]["command"])}
 REPLAY = {"admission": (hooks.parse_admission_trace, "admit_replay"),
           "readahead": (hooks.parse_readahead_trace, "ra_replay"),
           "nfs-rsize": (hooks.parse_nfs_trace, "nfs_replay")}
@@ -92,3 +100,13 @@ def test_examples_hooks_in_real_kernel(compiled):
             assert int(writes.group(1)) >= 64
             params = check_hook_params([hook], OPTIONS["ex_admit"]["hook_params"])
             assert (events[:, 0] == 2).any() == params["history_writes"]
+        if hook == "readahead":
+            # faults through a mapping reach the module, and it runs the
+            # example's class table: the mapped sequential reader ends with
+            # a sequential class's readahead, the random one a random one's
+            assert (events[:, 3] & 4).any()
+            table = check_hook_params([hook], OPTIONS["ex_readahead"]["hook_params"])["ra_pages"]
+            m = re.search(r"kml_ex_readahead-mmap: PASS sequential ra_pages=(\d+) > random "
+                          r"ra_pages=(\d+)", "\n".join(res["lines"]))
+            assert m and int(m.group(1)) in table[2:] and int(m.group(2)) in table[:2], \
+                res["lines"]

@@ -16,7 +16,7 @@ sys.path.insert(0, str(EXAMPLE.parent))
 
 from readahead import sim as S  # noqa: E402
 from readahead.experiment import ExploreHook, LearnedHook, class_table, run  # noqa: E402
-from readahead.workloads import Db  # noqa: E402
+from readahead.workloads import CLASSES, Db  # noqa: E402
 from example_pipeline import (assert_one_line_errors, compile_with_hook,  # noqa: E402,F401
                               quick_runs, readme_results)
 
@@ -30,8 +30,9 @@ def one_file(ra_pages, pages=4096, cache=100_000, hook=None):
     return sim, S.File(0, pages * PAGE, ra_pages), trace
 
 
-def windows(sim, f, reads):
-    """The (start, size, async_size) after each readahead call, for page reads."""
+def spy_windows(sim) -> list:
+    """A list that collects (start, size, async_size) of each readahead
+    request (do_page_cache_ra) from now on."""
     seen = []
     orig = sim.do_page_cache_ra
 
@@ -39,6 +40,12 @@ def windows(sim, f, reads):
         seen.append((index, nr, lookahead))
         orig(file, index, nr, lookahead)
     sim.do_page_cache_ra = spy
+    return seen
+
+
+def windows(sim, f, reads):
+    """The (start, size, async_size) after each readahead call, for page reads."""
+    seen = spy_windows(sim)
     for p in reads:
         sim.read(f, p * PAGE, PAGE)
     return seen
@@ -167,6 +174,65 @@ def test_readahead_stops_at_end_of_file():
     assert sorted(k & 0xFFFF for k in sim.cache) == list(range(10))
 
 
+# ---- mmap faults (mm/memory.c do_read_fault, mm/filemap.c filemap_fault), by hand ------
+
+def mapped(sim, f):
+    return sorted(k & ((1 << S.KEY_SHIFT) - 1) for k, p in sim.cache.items() if p[S.MAPPED])
+
+
+def test_fault_reads_around_and_fault_around_maps_the_block():
+    """A fault on page 100 of an uncached mapping, ra_pages 32: the hook
+    sees it; read-around reads [100 - 16, 100 + 16) with the marker 32/4
+    pages from its end (108); only the faulting page is mapped.  A fault on
+    101 once the I/O is done: fault-around maps the up-to-date, unmarked
+    pages of its 16-page block [96, 112), so no filemap_fault and no event;
+    the marked page 108 stays unmapped."""
+    sim, f, trace = one_file(32)
+    seen = spy_windows(sim)
+    sim.mmap_read(f, 100 * PAGE, 1)
+    assert seen == [(84, 32, 8)] and marked(sim, f) == [108]
+    assert [e[2] for e in trace] == [100] and sim.stats.fault_calls == 1
+    assert mapped(sim, f) == [100] and f.ra.mmap_miss == 1
+    sim.mmap_read(f, 101 * PAGE, 1)
+    assert mapped(sim, f) == [p for p in range(96, 112) if p != 108]
+    assert len(trace) == 1 and sim.stats.faults == 2 and f.ra.mmap_miss == 0
+    assert sim.mmap_read(f, 102 * PAGE, PAGE) == PAGE and sim.stats.faults == 2   # mapped
+
+
+def test_fault_on_a_marked_page_reads_ahead_asynchronously():
+    """Page 108 (marked, cached, not mapped by fault-around) faults:
+    filemap_fault -> do_async_mmap_readahead -> page_cache_async_ra with
+    req_count ra_pages; it is the window's expected index (84 + 32 - 8),
+    so the next window is [116, 148), all of it async (marker on 116)."""
+    sim, f, trace = one_file(32)
+    sim.mmap_read(f, 100 * PAGE, 1)
+    seen = spy_windows(sim)
+    sim.mmap_read(f, 108 * PAGE, 1)
+    assert seen == [(116, 32, 32)] and marked(sim, f) == [116]
+    assert [e[2] for e in trace] == [100, 108] and sim.stats.async_calls == 1
+
+
+def test_small_read_around_leaves_the_next_page_out():
+    """ra_pages 2: read-around [pgoff - 1, pgoff + 1), no marker, so the
+    second page of a block straddling two pages faults again."""
+    sim, f, trace = one_file(2)
+    seen = spy_windows(sim)
+    sim.mmap_read(f, 100 * PAGE + 5, PAGE)
+    assert seen == [(99, 2, 0), (100, 2, 0)] and marked(sim, f) == []
+    assert [e[2] for e in trace] == [100, 101]
+
+
+def test_mmap_miss_turns_read_around_off():
+    """Faults far apart never hit: after MMAP_LOTSAMISS (100) misses
+    mmap_miss is 101 > 100, and a fault reads only its own page."""
+    sim, f, trace = one_file(32, pages=200_000, cache=10_000)
+    seen = spy_windows(sim)
+    for i in range(102):
+        sim.mmap_read(f, (i * 1000 + 500) * PAGE, 1)
+    assert len(seen) == 100 and len(trace) == 102 and f.ra.mmap_miss == 102
+    assert sorted(k & 0xFFFFF for k in sim.cache)[-2:] == [100_500, 101_500]
+
+
 # ---- the cache and the device --------------------------------------------------------
 
 def test_lru_cache_counts_hits_and_waste():
@@ -212,8 +278,9 @@ def policy_dirs(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("numerics", ["fixed", "float"])
-def test_learned_policy_is_the_modules(policy_dirs, numerics):
+@pytest.mark.parametrize("numerics,access", [("fixed", "pread"), ("float", "pread"),
+                                             ("fixed", "mmap"), ("float", "mmap")])
+def test_learned_policy_is_the_modules(policy_dirs, numerics, access):
     """On the simulator's call sequence, the learned policy's windows,
     features and classes are the compiled hook's replay of the same trace,
     and each class sets the file's ra_pages from the module's table: at once
@@ -227,7 +294,7 @@ def test_learned_policy_is_the_modules(policy_dirs, numerics):
     trace: list = []
     db = Db(files=2, file_pages=8192, cache_pages=2048)
     run("mixgraph", "nvme", "learned", db, seed=3, warm=0, measure=6000, hook=hook,
-        trace=trace)
+        trace=trace, access=access)
     ev = np.array(trace, dtype=np.int64)
     w = features.readahead(ev, window_events=64, window_ms=1000, frac=hook.twin.hook_frac)
     assert len(w.raw) >= 20
@@ -274,11 +341,23 @@ def test_quick_pipeline_is_reproducible(quick_runs):
     assert (da / "readahead.onnx").read_bytes() == (db_ / "readahead.onnx").read_bytes()
     assert (da / "results" / "readahead.png").stat().st_size > 10_000
     res = a["results"]
-    assert set(res) == {"nvme", "sata"} and len(res["nvme"]) == 5
-    for per_p in res["nvme"].values():
+    assert set(res) == {"mmap/nvme", "mmap/sata", "pread/nvme", "pread/sata"}
+    assert len(res["mmap/nvme"]) == 5
+    for per_p in res["mmap/nvme"].values():
         assert set(per_p) == {"default", "fixed-2", "fixed-256", "learned-fixed",
                               "learned-float"}
     assert a["agreement"]["all"]["windows"] > 0
+    # the class table is the best candidate per class (by the sweep's own
+    # numbers), and the compiled modules carry it
+    ct = a["class_table"]
+    for w, ra in zip(CLASSES, ct["table"]):
+        per = ct["swept"][w]
+        score = {c: np.mean([per[x][str(c)] / per[x]["32"] for x in per]) for c in ct["candidates"]}
+        assert score[ra] >= max(score.values()) - 1e-6
+    assert class_table(da / "fixed") == class_table(da / "float") == ct["table"]
+    # read through mmap, the learned policy meets KML's claim on both devices
+    for setup in ("mmap/nvme", "mmap/sata"):
+        assert a["acceptance"][f"{setup}/learned-fixed"]["met"], a["acceptance"]
 
 
 @pytest.mark.torch
@@ -294,8 +373,8 @@ def test_readme_shows_the_checked_in_results():
     """The README's results section is results/results.md, as run.py wrote
     it, and results.json holds the full run's numbers."""
     block, r = readme_results(EXAMPLE)
-    base = r["results"]["nvme"]["readrandom"]["default"]["throughput_mb_s"]
-    assert f"| nvme | readrandom | {base:.1f} |" in block
+    base = r["results"]["mmap/nvme"]["readrandom"]["default"]["throughput_mb_s"]
+    assert f"| mmap/nvme | readrandom | {base:.1f} |" in block
 
 
 def test_bad_arguments_fail_with_one_line():
