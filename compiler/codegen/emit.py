@@ -330,14 +330,20 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         "user_cflags": user_cflags, "fixed": fixed, "core": core_name(prog),
         "io": "s32" if fixed else "float", "luts": luts, "encoding": fixed_interface(prog),
         "hooks": list(getattr(prog, "hooks", ()) or ()), "hook_files": HOOK_FILES,
-        # each module parameter's compiled-in default: its initializer (none
-        # for 0 and false, as the kernel's style wants) and as modinfo shows it
-        "param": {k: {"init": f" = {str(v).lower()}" if v else "",
-                      "doc": ("Y" if v else "N") if isinstance(v, bool) else str(v)}
-                  for k, v in (getattr(prog, "hook_params", None) or {}).items()
-                  if not isinstance(v, tuple)},
+        "param": {k: param_default(v)
+                  for k, v in (getattr(prog, "hook_params", None) or {}).items()},
         **hook_context(prog),
     }
+
+
+def param_default(v) -> dict:
+    """A module parameter's compiled-in default as the templates print it:
+    a scalar's initializer (none for 0 and false, as the kernel's style
+    wants), an array's elements, and the default as modinfo shows it."""
+    if isinstance(v, tuple):
+        return {"elems": [str(x) for x in v], "doc": ",".join(map(str, v))}
+    return {"init": f" = {str(v).lower()}" if v else "",
+            "doc": ("Y" if v else "N") if isinstance(v, bool) else str(v)}
 
 
 HOOK_FILES = {"admission": "admit", "readahead": "ra", "nfs-rsize": "nfs"}
@@ -350,11 +356,7 @@ NFS_RSIZE = [4096, 4096, 262144, 262144]
 def hook_context(prog: Program) -> dict:
     """What the hook templates print about the model's decision."""
     enc = fixed_interface(prog)
-    from ..api import RA_PAGES
-
-    table = (getattr(prog, "hook_params", None) or {}).get("ra_pages", RA_PAGES)
-    ra = {"ra_table": [str(v) for v in table], "ra_classes": ", ".join(CLASSES),
-          "rsize_table": [str(v) for v in NFS_RSIZE]}
+    ra = {"ra_classes": ", ".join(CLASSES), "rsize_table": [str(v) for v in NFS_RSIZE]}
     if not enc:
         return ra
     out = enc["outputs"][0]

@@ -30,7 +30,8 @@ after another.
 The readahead decision points are page_cache_sync_ra(),
 page_cache_async_ra() and a fault on a page that is not cached (where
 filemap_fault() calls do_sync_mmap_readahead()), where the kmlc readahead
-hook's kprobes sit: every one goes to ``Sim.hook(sim, file, index, t_ns)`` first (it may change
+hook's kprobes sit: every one goes to ``Sim.hook(sim, file, index, t_ns)``
+first (it may change
 ``file.ra.ra_pages``, as the hook does) and, with ``Sim.trace`` set, is
 recorded as {time ns, file id, page index, ra_pages as the hook saw it}:
 the event stream the hook sees and kmlc.features consumes.
@@ -179,7 +180,8 @@ class Sim:
 
     ``hook(sim, file, index, t_ns)``: called at the entry of
     page_cache_sync_ra() and page_cache_async_ra(), and of filemap_fault()
-    for a page that is not cached, like the kmlc hook's kprobes; it may change ``file.ra.ra_pages`` and returns the ra_pages its
+    for a page that is not cached, like the kmlc hook's kprobes; it may
+    change ``file.ra.ra_pages`` and returns the ra_pages its
     window saw (None: the file's, unchanged).  ``trace``: a list to which
     each of those calls is appended as (t_ns, file id, index, ra_pages), with
     the ra_pages the hook saw: what the module's trace=1 records.
@@ -488,9 +490,7 @@ class Sim:
                 self._demand = (i, last_index)
                 self.page_cache_async_ra(f, i, page, last_index - i)
                 self._demand = (0, 0)
-            if page[READY] > self.now:                                   # filemap_update_page()
-                st.wait_ns += page[READY] - self.now
-                self.now = page[READY]
+            self._wait(page)                                              # filemap_update_page()
             # copy the batch; prev_pos follows each page copied
             for i, page in batch:
                 self._use(f.base | i, page)
@@ -504,6 +504,12 @@ class Sim:
         return got
 
     _demand = (0, 0)   # pages the current read is waiting for (for the metrics)
+
+    def _wait(self, page: list) -> None:
+        """The reader waits until the page's I/O has completed."""
+        if page[READY] > self.now:
+            self.stats.wait_ns += page[READY] - self.now
+            self.now = page[READY]
 
     def _use(self, key: int, page: list) -> None:
         """The application reads a page it has (metrics, and the LRU)."""
@@ -575,9 +581,7 @@ class Sim:
                 page = self._add(base | index, DEMAND)
                 self._submit([page])
         self._demand = (0, 0)
-        if page[READY] > self.now:       # lock_folio_maybe_drop_mmap(): wait for the I/O
-            self.stats.wait_ns += page[READY] - self.now
-            self.now = page[READY]
+        self._wait(page)                 # lock_folio_maybe_drop_mmap()
         page[MAPPED] = True
         return page
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from kml_common import training
 
-from .experiment import EXPLORE_RA, ExploreHook, run
+from .experiment import DEFAULT_RA, EXPLORE_RA, ExploreHook, measured_ops, run
 from .workloads import CLASSES, Db
 
 FEATURES = ("transactions", "variance/range", "variance/range (n-1)", "mean |delta page|",
@@ -105,8 +105,6 @@ def sweep(db: Db, seed: int, pmap=map, device: str = "nvme") -> dict:
 
 
 def _sweep_job(args) -> float:
-    from .experiment import measured_ops
-
     w, access, ra, db, seed, device = args
     warm, measure = measured_ops(w, db)
     if warm:
@@ -117,12 +115,13 @@ def _sweep_job(args) -> float:
 
 def choose_table(swept: dict) -> list[int]:
     """Per class, the candidate with the best throughput relative to the
-    kernel's default (32 pages), averaged over the access modes; the
+    kernel's default (DEFAULT_RA), averaged over the access modes; the
     smaller readahead on a tie."""
     table = []
     for w in CLASSES:
         per = swept[w]
-        score = {ra: sum(per[a][ra] / per[a][32] for a in per) / len(per) for ra in CANDIDATES}
+        score = {ra: sum(per[a][ra] / per[a][DEFAULT_RA] for a in per) / len(per)
+                 for ra in CANDIDATES}
         table.append(max(CANDIDATES, key=lambda ra: (round(score[ra], 6), -ra)))
     return table
 
