@@ -8,8 +8,8 @@ setup(
     version="0.1.0",
     description="A model compiler that puts learned storage policies into the Linux kernel",
     python_requires=">=3.10",
-    packages=["kmlc", "kmlc.passes", "kmlc.codegen", "kmlc.targets", "kmlc.frontends",
-              "kmlc.runtime_kernel", "kmlc.runtime_user"],
+    packages=["kmlc", "kmlc.passes", "kmlc.codegen", "kmlc.targets", "kmlc.hooks",
+              "kmlc.frontends", "kmlc.runtime_kernel", "kmlc.runtime_user"],
     package_dir={
         "kmlc": "compiler",
         "kmlc.frontends": "frontends",
@@ -18,7 +18,8 @@ setup(
     },
     package_data={
         "kmlc.codegen": ["templates/*.j2"],
-        "kmlc.runtime_kernel": ["*.h"],
+        "kmlc.targets": ["qemu_tools/*.c"],
+        "kmlc.runtime_kernel": ["*.h", "*.c"],
         "kmlc.runtime_user": ["*.h", "*.c"],
     },
     install_requires=["numpy>=1.24", "onnx>=1.15", "onnxruntime>=1.17", "jinja2>=3.1",

@@ -19,7 +19,9 @@ on a noisy machine:
     ``--samples`` per-call samples;
  3. the hidden-width sweep (32-H-H-8, float and fixed, kernel flags and
     native), timed the same way;
- 4. write benchmarks/results/benchmarks.md, the plots and results.json.
+ 4. the hooks' readahead and NFS feature steps, per event, through the
+    twin's feature library (c/features.c);
+ 5. write benchmarks/results/benchmarks.md, the plots and results.json.
 
 Medians and p99 pool every round's samples; a ratio is the median, over
 rounds, of the two systems' medians in that round.  Cycles are core
@@ -321,11 +323,13 @@ def main(argv=None) -> int:
     for m in prepared:
         summarize(m, peaks)
     pts = sweep(widths, args.work, args, kflags, peaks) if widths else []
+    log("hook feature steps, through the twin")
+    steps = bench_c.feature_steps(args.work / "features")
     elapsed = time.perf_counter() - t_start
     cmd = os.environ.get("KMLC_BENCH_COMMAND") or \
         "python benchmarks/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     res = report.write(args.out, prepared, pts, peaks, info, kflags, cmd.strip(), elapsed,
-                       py_timer, plots=not args.no_plots)
+                       py_timer, plots=not args.no_plots, steps=steps)
     log(f"done in {elapsed:.0f} s: {', '.join(str(p) for p in res)}")
     return 0
 

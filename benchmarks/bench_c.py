@@ -238,3 +238,42 @@ def build_module(outdir: Path) -> Path:
     if not kos:
         raise BenchError(f"kmlc build {outdir} made no .ko")
     return kos[0]
+
+
+# --------------------------------------------------------------------------
+# The hooks' feature steps, through the twin's feature library
+# --------------------------------------------------------------------------
+
+def feature_steps(work: Path, events: int = 2_000_000, rounds: int = 5) -> dict:
+    """Per-event cost of the readahead and NFS feature steps (c/features.c
+    over runtime-user/kml_features_twin.c, built with the twin's flags):
+    ns per event (median over rounds) and, when valgrind is there,
+    instructions per event (callgrind: repeatable on a noisy machine)."""
+    import shutil
+
+    from kmlc import runtime_kernel, runtime_user
+    from kmlc.targets.user import CFLAGS
+
+    work.mkdir(parents=True, exist_ok=True)
+    exe = work / "features"
+    run(["gcc", *[f for f in CFLAGS if f not in ("-fPIC",)], f"-I{runtime_kernel.DIR}", "-o", exe,
+         CDIR / "features.c", runtime_user.DIR / "kml_features_twin.c"])
+    out = {}
+    for step, fn in (("readahead", "kml_ra_step_miss"), ("nfs", "kml_nfs_step_event")):
+        kind = "ra" if step == "readahead" else "nfs"
+        lines = run([exe, kind, events, rounds]).stdout.split()
+        ns = [float(x) for x in lines[0::2]]
+        r = {"ns_per_event": float(np.median(ns)), "ns_per_round": ns, "events": events,
+             "command": f"{exe.name} {kind} {events} {rounds}"}
+        if shutil.which("valgrind"):
+            n = 200_000
+            cg = work / f"callgrind.{kind}"
+            run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={cg}", exe, kind, n, 1])
+            ann = run(["callgrind_annotate", "--inclusive=yes", cg]).stdout
+            m = re.search(r"^\s*([\d,]+) \([^)]*\)\s+\S*:" + fn + r"\b", ann, re.M)
+            # NFS: every 16th event is a reclaim scan, counted apart
+            stepped = n if kind == "ra" else n - n // 16
+            if m:
+                r["instructions_per_event"] = int(m.group(1).replace(",", "")) / stepped
+        out[step] = r
+    return out

@@ -67,8 +67,8 @@ def why(m: dict, k) -> str:
 
 
 def write(out: Path, models: list[dict], sweep: list[dict], peaks: dict, info: dict,
-          kflags: dict, cmd: str, elapsed: float, py_timer: float, plots: bool = True
-          ) -> list[Path]:
+          kflags: dict, cmd: str, elapsed: float, py_timer: float, plots: bool = True,
+          steps: dict | None = None) -> list[Path]:
     core_ghz = peaks["tsc_hz"] * peaks["core_per_tsc"] / 1e9
     bursts = [c * peaks["tsc_hz"] / 1e9 for m in models + sweep for c in m.get("clocks", [])]
     L = []
@@ -245,6 +245,22 @@ def write(out: Path, models: list[dict], sweep: list[dict], peaks: dict, info: d
                      f"{c(('fixed', 'kernel'))} | {b('float')} | {b('fixed')} |")
         L.append("")
 
+    if steps:
+        L.append("## Hook feature steps\n")
+        L.append("What a hook's handler computes for one event, without its table lookup "
+                 "and lock: the readahead window step (kml_ra_step) and the NFS one "
+                 "(kml_nfs_step), from kml_features.h through the twin's feature library, "
+                 "on synthetic streams (benchmarks/c/features.c: 64 files, half read "
+                 "sequentially, 64-event windows; 4 mounts, READs, dones and page adds, 1 s "
+                 "windows).  Instructions from callgrind.\n")
+        L.append("| step | ns per event (median) | instructions per event | events |")
+        L.append("|---|---:|---:|---:|")
+        for name, r in steps.items():
+            ins = r.get("instructions_per_event")
+            L.append(f"| {name} | {r['ns_per_event']:.2f} | "
+                     f"{f'{ins:.1f}' if ins is not None else '-'} | {r['events']:,} |")
+        L.append("")
+
     if kflags:
         L.append("## Kernel flags used\n")
         L.append(f"Read from the Kbuild command lines of the modules built above ({kflags['cc']}"
@@ -258,7 +274,8 @@ def write(out: Path, models: list[dict], sweep: list[dict], peaks: dict, info: d
     md.write_text("\n".join(L) + "\n")
     written.append(md)
     js = out / "results.json"
-    js.write_text(json.dumps(to_json(models, sweep, peaks, info, cmd, elapsed), indent=1) + "\n")
+    js.write_text(json.dumps(to_json(models, sweep, peaks, info, cmd, elapsed) | {
+        "feature_steps": steps or {}}, indent=1) + "\n")
     written.append(js)
     if plots:
         written += plot(out, models, sweep, peaks)

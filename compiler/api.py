@@ -21,12 +21,12 @@ import numpy as np
 from . import __version__
 from .calibrate import check_rows
 from .errors import KmlcError
+from .hooks import check_hook_params, check_hooks
 from .passes import banner, run_pipeline
 from .schedule import Program
 
 TARGETS = ("kernel", "user", "kunit")
 NUMERICS = ("float", "fixed")
-RESERVED_NAMES = {"kml_types", "kml_math", "kml_fpu", "kml_user_fpu", "kml_fixed", "kml_lut"}
 DEFAULT_MAX_WEIGHT_BYTES = 1 << 20      # 1 MiB of static const data in the module
 DEFAULT_MAX_WORKSPACE_BYTES = 64 << 10  # 64 KiB the caller must provide per call
 DEFAULT_GOLDEN_COUNT = 64
@@ -39,8 +39,18 @@ class CompileResult:
     manifest: dict
 
 
+def reserved_names() -> set[str]:
+    """Names a model may not take: its files (<name>.h, <name>.c,
+    <name>_twin.c...) would collide with the runtime's (kml_*.h, kml_*.c)
+    or with the generated kml_binding.h."""
+    from . import runtime_kernel, runtime_user
+
+    return {p.stem for d in (runtime_kernel.DIR, runtime_user.DIR) for p in d.iterdir()
+            if p.suffix in (".h", ".c")} | {"kml_binding"}
+
+
 def check_name(name: str) -> str:
-    if not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", name) or name in RESERVED_NAMES:
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", name) or name in reserved_names():
         raise KmlcError(f"model name '{name}' is not usable: use 1-40 lowercase letters, digits "
                         "and '_', starting with a letter (and not a kml_* runtime header name)")
     return name
@@ -73,117 +83,6 @@ def golden_inputs(in_elems: int, count: int, seed: int, data: np.ndarray | None)
     rows = rng.standard_normal((count, in_elems)) * scales[np.arange(count) % len(scales), None]
     rows[0] = 0.0
     return rows.astype(np.float32)
-
-
-DM_MAX_TYPE_NAME = 16  # include/uapi/linux/dm-ioctl.h: a target type name and its NUL
-HOOKS = ("admission", "readahead", "nfs-rsize")
-# The hooks' tunable module parameters: name -> (default, lowest, highest);
-# a bool is (default, False, True); a list is an array with one value per
-# class, each in lowest..highest (NAME=V,V,...).  --hook-param NAME=VALUE
-# sets the compiled-in default (a model trained for a setting carries it);
-# the parameter stays writable at load and run time.
-# KML's readahead per class (readrandom, readrandomwriterandom, readseq,
-# readreverse): 16, 16, 640 and 960 sectors of 512 bytes, in 4 KiB pages.
-RA_PAGES = (2, 2, 80, 120)
-HOOK_PARAMS = {
-    "admission": {"probe_every": (64, 0, 2**32 - 1), "history_writes": (True, False, True)},
-    "readahead": {"window_events": (64, 2, 1024), "window_ms": (1000, 1, 60000),
-                  "ra_pages": (RA_PAGES, 0, 8192)},
-    "nfs-rsize": {"window_ms": (1000, 1, 60000), "vote": (1, 1, 16)},
-}
-_BOOLS = {"1": True, "y": True, "yes": True, "true": True, "on": True,
-          "0": False, "n": False, "no": False, "false": False, "off": False}
-
-
-def check_hooks(prog: Program, hooks, targets) -> list[str]:
-    """Validate --hooks against the model: each hook fixes the model's
-    interface (the features it feeds, the decision it reads)."""
-    if isinstance(hooks, str):
-        hooks = [hooks]
-    out = [h.strip() for item in hooks for h in str(item).split(",") if h.strip()]
-    for h in out:
-        if h not in HOOKS:
-            raise KmlcError(f"unknown hook '{h}'; available: {', '.join(HOOKS)}")
-    if out and "kernel" not in targets:
-        raise KmlcError("--hooks generate kernel code: compile with --target kernel (or all)")
-    if "admission" in out:
-        if prog.numerics != "fixed":
-            raise KmlcError("the admission hook decides inside the I/O path, where the FPU is "
-                            "off limits: compile with --numerics fixed")
-        if prog.in_elems != 11 or prog.out_elems != 1:
-            raise KmlcError(f"the admission hook feeds Heimdall's 11 features and reads one "
-                            f"output; this model takes {prog.in_elems} and gives "
-                            f"{prog.out_elems}")
-        if prog.quant.outputs[prog.outputs[0].buffer.value].get("index"):
-            raise KmlcError("the admission hook needs a score output, not a class index")
-        if len(f"kml_{prog.name}") > DM_MAX_TYPE_NAME - 1:
-            raise KmlcError(f"the admission hook registers the device-mapper target "
-                            f"'kml_{prog.name}', longer than device-mapper's "
-                            f"{DM_MAX_TYPE_NAME - 1} characters: name the model in at most "
-                            f"{DM_MAX_TYPE_NAME - 5} (--name)")
-    for hook, n_in, what in (("readahead", 5, "KML's 5 features"),
-                             ("nfs-rsize", 8, "KML's 8 NFS features")):
-        if hook in out and (prog.in_elems != n_in or prog.out_elems != 4
-                            or len(prog.outputs) != 1
-                            or prog.outputs[0].type.dtype.name == "i64"):
-            raise KmlcError(f"the {hook} hook feeds {what} and reads 4 class "
-                            f"scores; this model takes {prog.in_elems} and gives "
-                            f"{prog.out_elems}")
-    if len(out) > 1:
-        raise KmlcError("one hook per model: compile the model once per hook")
-    return out
-
-
-def check_hook_params(hooks: list[str], params) -> dict:
-    """The hook's module parameters with --hook-param's defaults applied
-    (``params``: a dict, or NAME=VALUE strings), each checked against the
-    hook's table (HOOK_PARAMS)."""
-    if isinstance(params, str):
-        params = [params]
-    if not isinstance(params, dict):
-        pairs = {}
-        for item in params or ():
-            name, eq, value = str(item).partition("=")
-            if not eq or not name.strip():
-                raise KmlcError(f"--hook-param '{item}': expected NAME=VALUE")
-            pairs[name.strip()] = value.strip()
-        params = pairs
-    if params and not hooks:
-        raise KmlcError("--hook-param sets a hook's module parameter: compile with --hooks")
-    table = HOOK_PARAMS[hooks[0]] if hooks else {}
-    out = {k: v[0] for k, v in table.items()}
-    for name, value in params.items():
-        if name not in table:
-            raise KmlcError(f"the {hooks[0]} hook has no parameter '{name}'; it has "
-                            f"{', '.join(table)}")
-        default, lo, hi = table[name]
-        if isinstance(default, bool):
-            v = value if isinstance(value, bool) else _BOOLS.get(str(value).lower())
-            if v is None:
-                raise KmlcError(f"--hook-param {name}={value}: expected 0 or 1 (or y/n)")
-        elif isinstance(default, tuple):
-            items = value.split(",") if isinstance(value, str) else list(value)
-            v = tuple(_int_in(x, lo, hi) for x in items)
-            if len(v) != len(default) or None in v:
-                shown = value if isinstance(value, str) else ",".join(map(str, value))
-                raise KmlcError(f"--hook-param {name}={shown}: expected {len(default)} "
-                                f"comma-separated integers in {lo}..{hi}, one per class")
-        else:
-            v = _int_in(value, lo, hi)
-            if v is None:
-                raise KmlcError(f"--hook-param {name}={value}: expected an integer in "
-                                f"{lo}..{hi}")
-        out[name] = v
-    return out
-
-
-def _int_in(value, lo: int, hi: int) -> int | None:
-    """``value`` as an integer in lo..hi, else None (bools are not integers)."""
-    try:
-        v = int(str(value).strip()) if not isinstance(value, bool) else None
-    except ValueError:
-        return None
-    return v if v is not None and lo <= v <= hi else None
 
 
 def check_budget(prog: Program, max_weight_bytes: int, max_workspace_bytes: int) -> None:
@@ -241,7 +140,7 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
 
     ``numerics="fixed"`` needs ``calibration`` rows (N, in_elems).
     ``hook_params``: {name: value} or NAME=VALUE strings, the defaults of
-    the hook's module parameters (HOOK_PARAMS)."""
+    the hook's module parameters (kmlc.hooks)."""
     from .codegen import emit
     from .frontends import load as import_model
     from .targets import user
@@ -329,12 +228,18 @@ def _write(root: Path, files: dict[str, str]) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
         dirs.add(p.parent)
-    for d in dirs:  # each target directory builds on its own: give it the runtime
+    for d in dirs:  # each target directory builds on its own: give it the model's runtime
         for h in sorted(runtime_kernel.DIR.glob("*.h")):
-            shutil.copyfile(h, d / h.name)
+            if h.name not in HOOK_HEADERS:
+                shutil.copyfile(h, d / h.name)
         if d.name in ("user", ".twin"):
             for h in sorted(runtime_user.DIR.glob("*.h")):
                 shutil.copyfile(h, d / h.name)
+
+
+# Runtime headers of the hooks only: a hook's files bring them (kmlc.hooks).
+HOOK_HEADERS = {"kml_hook.h", "kml_features.h", "kml_admit_trace.h", "kml_ra_trace.h",
+                "kml_nfs_trace.h"}
 
 
 def _replace(tmp: Path, outdir: Path) -> None:

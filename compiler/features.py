@@ -27,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -89,7 +88,7 @@ def library() -> ctypes.CDLL:
     lib.kml_ra_extract.argtypes = [p, ul, u32, u64, p, p, p]
     lib.kml_admit_extract.argtypes = [p, ul, p, p]
     lib.kml_ra_extract.restype = lib.kml_admit_extract.restype = ctypes.c_long
-    lib.kml_ra_step.argtypes = [p, s64, s64, u32, u32, u64, p, p]
+    lib.kml_ra_step_miss.argtypes = [p, s64, s64, u32, u32, u64, p, p]
     lib.kml_admit_step_complete.argtypes = [p, u32, u64, u64]
     lib.kml_admit_step_read.argtypes = [p, u64, u32, p, p]
     lib.kml_nfs_extract.argtypes = [p, ul, u64, p, p, p]
@@ -227,8 +226,8 @@ class ReadaheadStream:
         st = self._files.get(file)
         if st is None:
             st = self._files[file] = ctypes.create_string_buffer(self._state_size)
-        if self._lib.kml_ra_step(st, t_ns, page, ra_pages, self.window_events, self.window_ns,
-                                 *self._ptrs):
+        if self._lib.kml_ra_step_miss(st, t_ns, page, ra_pages, self.window_events,
+                                      self.window_ns, *self._ptrs):
             return self._out.copy()
         return None
 

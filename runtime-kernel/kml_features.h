@@ -121,14 +121,20 @@ static inline void kml_admit_features(const struct kml_admit_state *s, u64 size,
  */
 #define KML_RA_FEATURES 5
 #define KML_RA_MAX_EVENTS 1024
-#define KML_RA_SPAN (1LL << 20)
+#define KML_RA_SPAN 1048576LL		/* 2^20 */
 
 struct kml_ra_window {
 	u32 n;
+	u64 t0;				/* when its first event came, ns */
 	s64 first, last, min, max;	/* offsets relative to first, clamped */
 	s64 sum;
 	u64 sum_sq, sum_abs_diff;
 };
+
+/* A miss as the hook's trace flags it. */
+#define KML_RA_NEW 1		/* the miss opens a window */
+#define KML_RA_CLOSES 2		/* it closes the window: features */
+#define KML_RA_FAULT 4		/* a page fault (mmap), not a read */
 
 static inline void kml_ra_reset(struct kml_ra_window *w)
 {
@@ -181,6 +187,30 @@ static inline bool kml_ra_window_closes(const struct kml_ra_window *w, u64 open_
 /* Fraction bits of the features handed to a float model (exact below 2^31). */
 #define KML_RA_FLOAT_FRAC { 0, 4, 4, 4, 16 }
 
+static inline void kml_ra_features(const struct kml_ra_window *w, u32 ra_pages,
+				   const u8 *frac, s32 *f);
+
+/*
+ * One miss of a file, as the hook handles it: at time t (ns), page offset
+ * index, with the file's readahead ra_pages.  Adds the miss to the file's
+ * window, opening one if none is open; if the window closes with it
+ * (kml_ra_window_closes()), writes its features to f, empties the window
+ * and returns true.  The hook, the twin's replay and kmlc.features use
+ * this one step.
+ */
+static inline bool kml_ra_step(struct kml_ra_window *w, u64 t, u64 index, u32 ra_pages,
+			       u32 window_events, u64 window_ns, const u8 *frac, s32 *f)
+{
+	if (!w->n)
+		w->t0 = t;
+	kml_ra_add(w, index);
+	if (!kml_ra_window_closes(w, t - w->t0, window_events, window_ns))
+		return false;
+	kml_ra_features(w, ra_pages, frac, f);
+	kml_ra_reset(w);
+	return true;
+}
+
 /* The encoded features of a window of at least two events. */
 static inline void kml_ra_features(const struct kml_ra_window *w, u32 ra_pages,
 				   const u8 *frac, s32 *f)
@@ -223,6 +253,8 @@ static inline void kml_ra_features(const struct kml_ra_window *w, u32 ra_pages,
 #define KML_NFS_PAGE 2
 #define KML_NFS_RECLAIM 3
 #define KML_NFS_NO_LATENCY (~0ULL)	/* a done whose send was not seen */
+#define KML_NFS_OPENS 1		/* trace flags: the event opens a window */
+#define KML_NFS_CLOSES 2	/* the window closed before the event: features */
 #define KML_NFS_NSEC_PER_SEC 1000000000ULL
 
 /* Fraction bits of the features handed to a float model (exact below 2^31). */

@@ -63,15 +63,15 @@ static inline float kml_expf(float x)
 	n = (int)(t >= 0.0f ? t + 0.5f : t - 0.5f);
 	fn = (float)n;
 	r = x - fn * 0.693359375f;	/* ln2, high part: exact product */
-	r = r - fn * -2.12194440e-4f;	/* ln2, low part */
+	r = r - fn * -0.000212194440f;	/* ln2, low part */
 	z = r * r;
 
-	p = 1.9875691500e-4f;
-	p = p * r + 1.3981999507e-3f;
-	p = p * r + 8.3334519073e-3f;
-	p = p * r + 4.1665795894e-2f;
-	p = p * r + 1.6666665459e-1f;
-	p = p * r + 5.0000001201e-1f;
+	p = 0.00019875691500f;
+	p = p * r + 0.0013981999507f;
+	p = p * r + 0.0083334519073f;
+	p = p * r + 0.041665795894f;
+	p = p * r + 0.16666665459f;
+	p = p * r + 0.50000001201f;
 	p = p * z + r + 1.0f;
 
 	n1 = n / 2;			/* n in [-150, 128]: both halves normal */
@@ -99,9 +99,9 @@ static inline float kml_tanhf(float x)
 
 	if (ax < 0.625f) {
 		z = x * x;
-		z = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z
-		       - 5.37397155531e-2f) * z + 1.33314422036e-1f) * z
-		     - 3.33332819422e-1f) * z * x + x;
+		z = ((((-0.00570498872745f * z + 0.0206390887954f) * z
+		       - 0.0537397155531f) * z + 0.133314422036f) * z
+		     - 0.333332819422f) * z * x + x;
 		return z;
 	}
 	z = 1.0f - 2.0f / (kml_expf(ax + ax) + 1.0f);
@@ -184,15 +184,15 @@ static inline kml_f32x4 kml_expf_x4(kml_f32x4 x)
 	n = __builtin_convertvector(kml_select_x4(t >= 0.0f, t + 0.5f, t - 0.5f), kml_s32x4);
 	fn = __builtin_convertvector(n, kml_f32x4);
 	r = xs - fn * 0.693359375f;
-	r = r - fn * -2.12194440e-4f;
+	r = r - fn * -0.000212194440f;
 	z = r * r;
 
-	p = kml_f32x4_splat(1.9875691500e-4f);
-	p = p * r + 1.3981999507e-3f;
-	p = p * r + 8.3334519073e-3f;
-	p = p * r + 4.1665795894e-2f;
-	p = p * r + 1.6666665459e-1f;
-	p = p * r + 5.0000001201e-1f;
+	p = kml_f32x4_splat(0.00019875691500f);
+	p = p * r + 0.0013981999507f;
+	p = p * r + 0.0083334519073f;
+	p = p * r + 0.041665795894f;
+	p = p * r + 0.16666665459f;
+	p = p * r + 0.50000001201f;
 	p = p * z + r + 1.0f;
 
 	n1 = n / 2;
@@ -216,9 +216,9 @@ static inline kml_f32x4 kml_tanhf_x4(kml_f32x4 x)
 	kml_f32x4 ax = kml_select_x4(neg, -x, x);
 	kml_f32x4 z = x * x, big;
 
-	z = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z
-	       - 5.37397155531e-2f) * z + 1.33314422036e-1f) * z
-	     - 3.33332819422e-1f) * z * x + x;
+	z = ((((-0.00570498872745f * z + 0.0206390887954f) * z
+	       - 0.0537397155531f) * z + 0.133314422036f) * z
+	     - 0.333332819422f) * z * x + x;
 	big = 1.0f - 2.0f / (kml_expf_x4(ax + ax) + 1.0f);
 	big = kml_select_x4(neg, -big, big);
 	return kml_select_x4(ax < 0.625f, z, big);

@@ -16,15 +16,15 @@
 #else
 #include <errno.h>
 #include <stdbool.h>
-#include <stdint.h>
-typedef uint8_t u8;
-typedef uint16_t u16;
-typedef uint32_t u32;
-typedef uint64_t u64;
-typedef int8_t s8;
-typedef int16_t s16;
-typedef int32_t s32;
-typedef int64_t s64;
+/* the kernel's types, as the Linux ABIs (ILP32 and LP64) size them */
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef signed char s8;
+typedef short s16;
+typedef int s32;
+typedef long long s64;
 /* The twin is a shared library: every non-static symbol is exported. */
 #define EXPORT_SYMBOL_GPL(sym)
 #endif

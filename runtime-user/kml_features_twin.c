@@ -18,7 +18,6 @@ const u8 kml_nfs_float_frac[KML_NFS_FEATURES] = KML_NFS_FLOAT_FRAC;
 /* The batch extractors' slots (kml_slots()): the s64 id comes first. */
 struct kml_ra_file {
 	s64 id;
-	u64 t0;				/* when the open window started, ns */
 	struct kml_ra_window w;
 };
 
@@ -33,8 +32,8 @@ const unsigned long kml_nfs_window_size = sizeof(struct kml_nfs_window);
 const unsigned long kml_nfs_reclaim_size = sizeof(struct kml_nfs_reclaim);
 const unsigned long kml_nfs_votes_size = sizeof(struct kml_nfs_votes);
 
-int kml_ra_step(struct kml_ra_file *f, s64 t, s64 page, u32 ra_pages, u32 window_events,
-		u64 window_ns, const u8 *frac, s32 *features);
+int kml_ra_step_miss(struct kml_ra_file *f, s64 t, s64 page, u32 ra_pages,
+		     u32 window_events, u64 window_ns, const u8 *frac, s32 *features);
 long kml_ra_extract(const s64 *ev, unsigned long n, u32 window_events, u64 window_ns,
 		    const u8 *frac, s32 *features, s64 *closed_by);
 void kml_admit_step_complete(struct kml_admit_state *s, u32 qlen, u64 lat_ns, u64 bytes);
@@ -52,19 +51,13 @@ long kml_nfs_extract(const s64 *ev, unsigned long n, u64 window_ns, const u8 *fr
  * Readahead, one miss at a time, for simulators: f is one file's state
  * (zeroed to start), t the time in ns, ra_pages the file's readahead now.
  * Returns 1 when this miss closes a window (its features written), else 0:
- * exactly the hook's kml_miss() without the model.
+ * the hook's own step (kml_ra_step(), kml_features.h), without the model.
  */
-int kml_ra_step(struct kml_ra_file *f, s64 t, s64 page, u32 ra_pages, u32 window_events,
-		u64 window_ns, const u8 *frac, s32 *features)
+int kml_ra_step_miss(struct kml_ra_file *f, s64 t, s64 page, u32 ra_pages,
+		     u32 window_events, u64 window_ns, const u8 *frac, s32 *features)
 {
-	if (!f->w.n)
-		f->t0 = (u64)t;
-	kml_ra_add(&f->w, (u64)page);
-	if (!kml_ra_window_closes(&f->w, (u64)t - f->t0, window_events, window_ns))
-		return 0;
-	kml_ra_features(&f->w, ra_pages, frac, features);
-	kml_ra_reset(&f->w);
-	return 1;
+	return kml_ra_step(&f->w, (u64)t, (u64)page, ra_pages, window_events, window_ns, frac,
+			   features);
 }
 
 /* Slots of the batch extractors: structs whose first member is an s64 id. */
@@ -125,8 +118,8 @@ long kml_ra_extract(const s64 *ev, unsigned long n, u32 window_events, u64 windo
 		const s64 *e = ev + 4 * i;
 		struct kml_ra_file *f = kml_slot(files, nfiles, sizeof(*files), e[1]);
 
-		if (kml_ra_step(f, e[0], e[2], (u32)e[3], window_events, window_ns, frac,
-				features + windows * KML_RA_FEATURES))
+		if (kml_ra_step_miss(f, e[0], e[2], (u32)e[3], window_events, window_ns, frac,
+				     features + windows * KML_RA_FEATURES))
 			closed_by[windows++] = (s64)i;
 	}
 	free(files);

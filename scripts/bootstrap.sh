@@ -23,11 +23,15 @@ esac
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
 # --- Debian packages --------------------------------------------------------
-# compilers and Kbuild, 6.1 headers and source (module builds, KUnit),
-# qemu (KUnit on x86_64), clang (second compiler for the twin)
+# compilers and Kbuild, 6.1 headers and source (module builds, KUnit, the
+# debug kernel), the PREEMPT_RT headers, 6.12's source (the NFS hook's
+# tracepoint prototypes are checked against it), qemu (KUnit on x86_64,
+# the hooks in real kernels), clang (second compiler for the twin),
+# e2fsprogs (the admission hook's ext4 test)
 PACKAGES=(build-essential bc bison flex libelf-dev libssl-dev kmod cpio xz-utils perl
-	python3 python3-venv python3-dev linux-headers-amd64 linux-source-6.1
-	qemu-system-x86 clang libclang-rt-dev lld llvm dwarves)
+	python3 python3-venv python3-dev linux-headers-amd64 linux-headers-rt-amd64
+	linux-source-6.1 linux-source-6.12 qemu-system-x86 clang libclang-rt-dev lld llvm
+	dwarves e2fsprogs)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||

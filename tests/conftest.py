@@ -95,6 +95,27 @@ def nfs_policy():
     return m, cal
 
 
+def constant_policy(n_in: int, bias, act: str | None = None, name: str = "const"):
+    """A model that ignores its inputs: Gemm with zero weights and these
+    biases (then ``act``, e.g. "Sigmoid"), and calibration rows for it: a
+    policy kmlc's hooks must carry as well as any (every decision the same
+    class, or every read declined)."""
+    bias = np.float32(bias)
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["z" if act else "y"], name="policy",
+                              transB=1)]
+    if act:
+        nodes.append(helper.make_node(act, ["z"], ["y"], name="act"))
+    g = helper.make_graph(
+        nodes, name, [helper.make_tensor_value_info("x", 1, ["N", n_in])],
+        [helper.make_tensor_value_info("y", 1, ["N", len(bias)])],
+        [numpy_helper.from_array(np.zeros((len(bias), n_in), np.float32), "w"),
+         numpy_helper.from_array(bias, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    cal = np.random.default_rng(1).uniform(0, 1000, (500, n_in)).astype(np.float32)
+    return m, cal
+
+
 def has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 

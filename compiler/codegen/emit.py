@@ -27,10 +27,14 @@ def cfloat(v) -> str:
     f = np.float32(v)
     if not np.isfinite(f):
         raise ValueError(f"non-finite constant {f}")
-    s = str(f)  # numpy prints the shortest text that round-trips to this f32
-    if "e" not in s and "." not in s:
-        s += ".0"
-    return s + "f"
+    # the shortest digits that round-trip to this f32, without an exponent
+    # (checkpatch --strict reads the '-' of 1e-05 as an operator)
+    return np.format_float_positional(f, unique=True, trim="0") + "f"
+
+
+def positional(v) -> str:
+    """A double as C text without an exponent (the shortest that round-trips)."""
+    return np.format_float_positional(float(v), unique=True, trim="0")
 
 
 def cint(v) -> str:
@@ -85,21 +89,28 @@ def width(line: str) -> int:
 
 
 def cwrap(line: str, limit: int = 100) -> str:
-    """Break a long one-line C declaration or call after its commas, with
-    continuation lines aligned to the open parenthesis (kernel style)."""
+    """Break a long one-line C declaration or call after its commas, each
+    continuation line aligned to the parenthesis its comma is in (kernel
+    style: checkpatch --strict checks that alignment)."""
     if width(line) <= limit or "(" not in line:
         return line
-    head, args = line.split("(", 1)
-    col = width(head) + 1
-    pad = "\t" * (col // 8) + " " * (col % 8)
-    out, cur = [], head + "("
-    for i, part in enumerate(args.split(", ")):
-        piece = part if i == 0 else " " + part
-        if i and width(cur + "," + piece) > limit:
-            out.append(cur + ",")
-            cur = pad + part
+    cuts, opens = [], []  # (index of a ", ", column after its innermost "(")
+    for i, ch in enumerate(line):
+        if ch == "(":
+            opens.append(width(line[:i]) + 1)
+        elif ch == ")" and opens:
+            opens.pop()
+        elif ch == "," and line[i + 1:i + 2] == " " and opens:
+            cuts.append((i, opens[-1]))
+    out, cur, prev, col = [], "", 0, 0
+    for i, next_col in cuts + [(len(line) - 1, 0)]:
+        piece = line[prev:i + 1]
+        if cur and width(cur + piece) > limit:
+            out.append(cur)
+            cur = "\t" * (col // 8) + " " * (col % 8) + piece.lstrip()
         else:
-            cur = cur + ("," if i else "") + piece
+            cur += piece
+        prev, col = i + 1, next_col
     return "\n".join(out + [cur])
 
 
@@ -249,12 +260,14 @@ def u32_hex(values: np.ndarray) -> list[str]:
 
 
 def macro_init(values) -> str:
-    """``{ a, b, ... }`` for a #define, continued with backslashes if long."""
+    """``{ a, b, ... }`` for a #define, continued with backslashes if long
+    (the closing brace on the last values' line: checkpatch reads a line of
+    its own as the end of a function)."""
     text = ", ".join(str(int(v)) for v in values)
     lines = textwrap.wrap(text, LINE - 16)
     if len(lines) == 1:
         return "{ " + lines[0] + " }"
-    return "{ \\\n" + "".join("\t" + ln + " \\\n" for ln in lines) + "}"
+    return "{ \\\n" + "".join("\t" + ln + " \\\n" for ln in lines[:-1]) + "\t" + lines[-1] + " }"
 
 
 def const_layout(b: Buffer) -> str:
@@ -277,7 +290,7 @@ def environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined)
     env.filters.update(nest=nest, cfloat=cfloat, wrap_list=wrap_list, cwrap=cwrap,
-                       macro_init=macro_init)
+                       macro_init=macro_init, positional=positional)
     env.globals.update(cfloat=cfloat, idx=idx, at=at, act_call=act_call, params=params,
                        arg=arg, matmul_view=matmul_view, loop_vars=loop_vars, loops_zero=loops_zero,
                        initializer=initializer, u32_hex=u32_hex, version=__version__,
@@ -329,40 +342,45 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         "live": {r.name: (r.start, r.end) for r in prog.plan.requests},
         "user_cflags": user_cflags, "fixed": fixed, "core": core_name(prog),
         "io": "s32" if fixed else "float", "luts": luts, "encoding": fixed_interface(prog),
-        "hooks": list(getattr(prog, "hooks", ()) or ()), "hook_files": HOOK_FILES,
-        "param": {k: param_default(v)
-                  for k, v in (getattr(prog, "hook_params", None) or {}).items()},
-        **hook_context(prog),
+        "hooks": list(getattr(prog, "hooks", ()) or ()), **binding_context(prog),
     }
 
 
-def param_default(v) -> dict:
-    """A module parameter's compiled-in default as the templates print it:
-    a scalar's initializer (none for 0 and false, as the kernel's style
-    wants), an array's elements, and the default as modinfo shows it."""
-    if isinstance(v, tuple):
-        return {"elems": [str(x) for x in v], "doc": ",".join(map(str, v))}
-    return {"init": f" = {str(v).lower()}" if v else "",
-            "doc": ("Y" if v else "N") if isinstance(v, bool) else str(v)}
+def hook_owner(prog: Program):
+    """The owner of the model's hook (kmlc.hooks), or None."""
+    from ..hooks import owner
+
+    hooks = list(getattr(prog, "hooks", ()) or ())
+    return owner(hooks[0]) if hooks else None
 
 
-HOOK_FILES = {"admission": "admit", "readahead": "ra", "nfs-rsize": "nfs"}
-# KML's four classes, in the order of the readahead and NFS class tables.
-CLASSES = ("readrandom", "readrandomwriterandom", "readseq", "readreverse")
-# KML's NFS rsize per class, in bytes.
-NFS_RSIZE = [4096, 4096, 262144, 262144]
+def binding_context(prog: Program) -> dict:
+    """What kml_binding.h says: the hook's decision and its parameters'
+    compiled-in defaults, as C."""
+    from ..hooks.base import c_value, doc_value
+
+    hook = hook_owner(prog)
+    needs = [] if prog.numerics == "fixed" else [("X86_64", "the float model's FPU section")]
+    if hook is not None:
+        needs += [n for n in hook.kconfig if n not in needs]
+    if hook is None:
+        return {"hook": None, "kconfig_needs": needs}
+    values = getattr(prog, "hook_params", None) or hook.defaults()
+    return {"hook": hook, "binding": hook.binding(prog), "kconfig_needs": needs,
+            "hook_objects": [s[:-2] + ".o" for s in hook.kernel_sources],
+            "hook_params": [{"macro": f"KML_{hook.stem.upper()}_{k.upper()}",
+                             "value": c_value(v), "doc": doc_value(v)}
+                            for k, v in values.items()]}
 
 
-def hook_context(prog: Program) -> dict:
-    """What the hook templates print about the model's decision."""
-    enc = fixed_interface(prog)
-    ra = {"ra_classes": ", ".join(CLASSES), "rsize_table": [str(v) for v in NFS_RSIZE]}
-    if not enc:
-        return ra
-    out = enc["outputs"][0]
-    if out.get("q15"):
-        return {"decline_at": 16384, "decline_doc": "probability 0.5 in Q0.15", **ra}
-    return {"decline_at": out.get("zp", 0), "decline_doc": "the quantized 0 (logit >= 0)", **ra}
+def runtime_sources(target: str, names: list[str]) -> dict[str, str]:
+    """The hook's hand-written C, from runtime-kernel/ or runtime-user/,
+    copied as it is into a target directory."""
+    from .. import runtime_kernel, runtime_user
+
+    def path(f):
+        return runtime_user.DIR / f if (runtime_user.DIR / f).is_file() else runtime_kernel.DIR / f
+    return {f"{target}/{f}": path(f).read_text() for f in names}
 
 
 def model_sources(env, ctx) -> dict[str, str]:
@@ -390,17 +408,18 @@ def render(prog: Program, targets: list[str], *, source: str, sha256: str,
         files.update({f"kernel/{k}": v for k, v in model.items()})
         files["kernel/Kbuild"] = env.get_template("Kbuild.j2").render(ctx)
         files["kernel/Makefile"] = env.get_template("Makefile.kernel.j2").render(ctx)
+        files["kernel/Kconfig"] = env.get_template("Kconfig.module.j2").render(ctx)
         files[f"kernel/{n}_mod.c"] = env.get_template("module.c.j2").render(kctx)
-        for h in ctx["hooks"]:
-            files[f"kernel/{n}_{HOOK_FILES[h]}.c"] = env.get_template(f"hook_{HOOK_FILES[h]}.c.j2").render(ctx)
-            files[f"kernel/{n}_hook.h"] = env.get_template("hook.h.j2").render(ctx)
-            files[f"kernel/{n}_policy.h"] = env.get_template(f"policy_{HOOK_FILES[h]}.h.j2").render(ctx)
+        if ctx["hook"] is not None:
+            files["kernel/kml_binding.h"] = env.get_template("binding.h.j2").render(ctx)
+            files.update(runtime_sources("kernel", ctx["hook"].kernel_files))
     if "user" in targets:
         files.update({f"user/{k}": v for k, v in model.items()})
         files["user/Makefile"] = env.get_template("Makefile.user.j2").render(ctx)
         files[f"user/{n}_twin.c"] = env.get_template("twin.c.j2").render(ctx)
-        for h in ctx["hooks"]:
-            files[f"user/{n}_policy.h"] = env.get_template(f"policy_{HOOK_FILES[h]}.h.j2").render(ctx)
+        if ctx["hook"] is not None:
+            files["user/kml_binding.h"] = env.get_template("binding.h.j2").render(ctx)
+            files.update(runtime_sources("user", ctx["hook"].user_files))
     if "kunit" in targets:
         assert goldens is not None
         files.update({f"kunit/{k}": v for k, v in model.items()})

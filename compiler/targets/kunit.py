@@ -18,10 +18,10 @@ section is the real one.
 The two kernels use the two compilers: UML is built with gcc, the x86_64
 kernel with clang (``LLVM=1``), so every suite proves both compilers'
 kernel builds bit-identical to the twin.  The x86_64 kernel also has
-modules, kprobes, debugfs and device-mapper enabled: its build directory
-(``llvm_kdir()``) is a clang-configured kernel tree that ``kmlc build
---llvm`` builds out-of-tree modules against (Debian's headers are
-configured for gcc).
+modules, kprobes through ftrace, debugfs, device-mapper and the NFS client
+enabled: its build directory (``llvm_kdir()``) is a clang-configured
+kernel tree that ``kmlc build --llvm`` builds out-of-tree modules of every
+hook against (Debian's headers are configured for gcc).
 """
 from __future__ import annotations
 
@@ -45,7 +45,9 @@ ARCH_BUILD = {
     "um": ("um", [], ""),
     "x86_64": ("x86_64-llvm", ["LLVM=1"],
                "CONFIG_MODULES=y\nCONFIG_MODULE_UNLOAD=y\nCONFIG_KPROBES=y\n"
-               "CONFIG_DEBUG_FS=y\nCONFIG_MD=y\nCONFIG_BLK_DEV_DM=y\n"),
+               "CONFIG_FTRACE=y\nCONFIG_FUNCTION_TRACER=y\nCONFIG_DYNAMIC_FTRACE=y\n"
+               "CONFIG_DEBUG_FS=y\nCONFIG_MD=y\nCONFIG_BLK_DEV_DM=y\nCONFIG_FILE_LOCKING=y\n"
+               "CONFIG_NET=y\nCONFIG_INET=y\nCONFIG_NETWORK_FILESYSTEMS=y\nCONFIG_NFS_FS=m\n"),
 }
 
 

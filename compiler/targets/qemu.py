@@ -1,21 +1,27 @@
-"""Real-kernel tests: boot Debian's own kernel in qemu and load kmlc modules.
+"""Real-kernel tests: boot a kernel in qemu, load kmlc modules, run their hooks.
 
-``kmlc qemu-test OUTDIR...`` builds each model's module against the
-installed headers, fetches the matching Debian kernel image
-(``linux-image-<release>-unsigned``) and ``busybox-static`` with
-``apt-get download`` (cached under ``~/.cache/kmlc/qemu/<release>``), packs
-a busybox initramfs and boots it in qemu (TCG: no KVM needed) with
-``-nographic``.  The initramfs's ``/init`` loads the modules (their
-self-test runs the golden vectors through the real module), runs each hook's
-scenario, prints ``KMLC-RESULT <name> PASS|FAIL <detail>`` lines and powers
-off.  The run fails if any result fails, if the kernel logs a warning, a BUG
-or an oops, or if the boot does not finish.
+``kmlc qemu-test OUTDIR... [--kernel 6.1|6.12|rt|debug] [--script FILE]``
+builds each model's module against the kernel's build directory
+(``kernels.py`` says where each kernel comes from), packs a busybox
+initramfs and boots it in qemu (TCG: no KVM needed) with ``-nographic``.
+The initramfs's ``/init`` loads each module (its self-test runs the golden
+vectors through the real module), then runs, for each model with a hook,
+the hook's own scenario (``kmlc.hooks``) or, with ``--script``, the user's
+script in the environment the hook's setup prepares, and powers off.
+
+The verdict judges the hook, not the model's policy: a run passes when
+every module loads and passes its self-test, every scenario step passes
+(events flow, data checksums, parameters, restore, reload cycles; a
+user's script exits 0), the module's trace replayed through the twin
+gives its features and decisions bit for bit, and the kernel log has no
+warning, BUG, oops, lockdep, KASAN, UBSAN or KFENCE report.  What a
+policy did (readahead per file, rsize per mount) is printed as INFO.
 """
 from __future__ import annotations
 
 import gzip
-import os
 import json
+import os
 import re
 import shutil
 import stat
@@ -25,25 +31,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import KmlcError
-from .kernel import build_module, find_kdir
+from .kernel import build_module
+from .kernels import Kernel, release_of, resolve  # noqa: F401  (release_of, for callers)
 from .kunit import cache_dir, locked
 
-# Debian modules a scenario may need, by name.  Their load order comes from
-# each module's own "depends=" (what depmod writes into modules.dep), read
-# from the image, so it follows the kernel version: 6.1's nfs.ko needs
-# fscache.ko, 6.12's does not.
+TOOLS = Path(__file__).resolve().parent / "qemu_tools"
+# Debian modules a scenario may need, by name, and their place in an image.
+# Their load order comes from each module's own "depends=" (what depmod
+# writes into modules.dep), read from the image, so it follows the kernel
+# version: 6.1's nfs.ko needs fscache.ko, 6.12's does not.  A module the
+# kernel has built in (modules.builtin) needs no insmod.
 MODULE_PATHS = {
-    "dm-mod": "drivers/md/dm-mod.ko", "null_blk": "drivers/block/null_blk/null_blk.ko",
+    "dm-mod": "drivers/md/dm-mod.ko", "dm-flakey": "drivers/md/dm-flakey.ko",
+    "dm-delay": "drivers/md/dm-delay.ko",
+    "null_blk": "drivers/block/null_blk/null_blk.ko",
     "configfs": "fs/configfs/configfs.ko", "brd": "drivers/block/brd.ko",
     "sunrpc": "net/sunrpc/sunrpc.ko", "auth_rpcgss": "net/sunrpc/auth_gss/auth_rpcgss.ko",
     "grace": "fs/nfs_common/grace.ko", "nfs_acl": "fs/nfs_common/nfs_acl.ko",
     "lockd": "fs/lockd/lockd.ko", "nfsd": "fs/nfsd/nfsd.ko", "netfs": "fs/netfs/netfs.ko",
     "fscache": "fs/fscache/fscache.ko", "nfs": "fs/nfs/nfs.ko", "nfsv4": "fs/nfs/nfsv4.ko",
-    "dns_resolver": "net/dns_resolver/dns_resolver.ko",
+    "dns_resolver": "net/dns_resolver/dns_resolver.ko", "oid_registry": "lib/oid_registry.ko",
+    "crc32c_generic": "crypto/crc32c_generic.ko", "libcrc32c": "lib/libcrc32c.ko",
+    "crc16": "lib/crc16.ko", "mbcache": "fs/mbcache.ko", "jbd2": "fs/jbd2/jbd2.ko",
+    "ext4": "fs/ext4/ext4.ko",
 }
+MODULE_ARGS = {"null_blk": "nr_devices=0"}
 BAD_LOG = re.compile(r"\b(WARNING:|BUG:|Oops|general protection fault|Call Trace:|"
-                     r"kernel BUG|UBSAN:|KASAN:|memory leak)")
-RESULT = re.compile(r"^KMLC-RESULT (\S+) (PASS|FAIL)\s*(.*)$", re.M)
+                     r"kernel BUG|UBSAN:|KASAN:|KFENCE:|memory leak|"
+                     r"possible (circular|recursive) locking|inconsistent lock state|"
+                     r"INFO: (task|rcu|lockdep)|sleeping function called from invalid|"
+                     r"scheduling while atomic|refcount_t:)")
+RESULT = re.compile(r"^KMLC-RESULT (\S+) (PASS|FAIL|INFO)\s*(.*)$", re.M)
+TRACE = re.compile(r"^KMLC-TRACE-BEGIN (\S+) (\S+)\n(.*?)^KMLC-TRACE-END", re.S | re.M)
+CYCLES, DEBUG_CYCLES = 100, 20
 
 
 @dataclass
@@ -55,40 +75,23 @@ class Scenario:
     needs: list[str] = field(default_factory=list)
     files: dict[str, Path] = field(default_factory=dict)   # initramfs path -> host path
     script: str = ""
+    outdir: Path | None = None
+    hook: object = None                                    # its kmlc.hooks owner, if any
 
 
-def release_of(kdir: Path) -> str:
-    """The kernel release (uname -r) a build directory builds modules for."""
-    uts = kdir / "include" / "generated" / "utsrelease.h"
-    m = re.search(r'UTS_RELEASE "([^"]+)"', uts.read_text()) if uts.is_file() else None
-    if not m:
-        raise KmlcError("no include/generated/utsrelease.h: not a configured kernel build "
-                        "directory", where=str(kdir))
-    return m.group(1)
-
-
-def _download(pkg: str, dest: Path) -> None:
-    if not shutil.which("apt-get"):
-        raise KmlcError(f"apt-get is needed to fetch {pkg} (Debian only)")
-    with tempfile.TemporaryDirectory() as d:
-        res = subprocess.run(["apt-get", "download", pkg], cwd=d, capture_output=True, text=True)
-        debs = list(Path(d).glob("*.deb"))
-        if res.returncode or not debs:
-            raise KmlcError(f"apt-get download {pkg} failed: {res.stderr.strip()[-300:]}")
-        subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(dest)], check=True)
-
-
-def kernel_image(release: str) -> Path:
-    """The unpacked Debian kernel package for ``release`` (cached)."""
-    root = cache_dir() / "qemu" / release
-    with locked("qemu"):
-        if not (root / "ok").is_file():
-            shutil.rmtree(root, ignore_errors=True)
-            root.mkdir(parents=True)
-            _download(f"linux-image-{release}-unsigned", root / "image")
-            _download("busybox-static", root / "busybox")
-            (root / "ok").write_text(release + "\n")
-    return root
+def tool(name: str) -> Path:
+    """A static helper binary for the initramfs, built once and cached."""
+    src = TOOLS / f"{name}.c"
+    out = cache_dir() / "qemu" / "tools" / name
+    with locked("qemu-tools"):
+        if not out.is_file() or out.stat().st_mtime < src.stat().st_mtime:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            res = subprocess.run(["gcc", "-static", "-O2", "-Wall", "-o", str(out), str(src)],
+                                 capture_output=True, text=True)
+            if res.returncode:
+                raise KmlcError(f"cannot build {name} statically (install libc6-dev): "
+                                + res.stderr.strip()[-500:])
+    return out
 
 
 def _cpio_newc(entries: list[tuple[str, bytes | None, int]]) -> bytes:
@@ -106,22 +109,30 @@ def _cpio_newc(entries: list[tuple[str, bytes | None, int]]) -> bytes:
     return bytes(out)
 
 
-def debian_modules(image: Path, scenarios: list[Scenario]) -> list[tuple[str, bytes]]:
-    """The Debian modules the scenarios need, each after the modules it
-    depends on (from its "depends=" field), with their contents."""
-    modroot = next((image / "image" / "lib" / "modules").iterdir()) / "kernel"
+def _modroot(root: Path) -> Path:
+    return next((root / "image" / "lib" / "modules").iterdir())
+
+
+def debian_modules(root: Path, scenarios: list[Scenario]) -> list[tuple[str, bytes]]:
+    """The modules the scenarios need from the kernel's image, each after
+    the modules it depends on (its "depends=" field), with their contents;
+    modules the kernel has built in are left out."""
+    modroot = _modroot(root)
+    builtin_file = modroot / "modules.builtin"
+    builtin = {Path(ln).name.split(".ko")[0].replace("-", "_")
+               for ln in (builtin_file.read_text().split() if builtin_file.is_file() else [])}
     order: list[tuple[str, bytes]] = []
     visiting: set[str] = set()
     canon = {k.replace("-", "_"): k for k in MODULE_PATHS}  # depends= spells dm-mod dm_mod
 
     def visit(m: str) -> None:
-        if m in visiting or any(m == n for n, _ in order):
+        if m in visiting or any(m == n for n, _ in order) or m.replace("-", "_") in builtin:
             return
         if m not in MODULE_PATHS:
             raise KmlcError(f"the qemu tests do not know where Debian keeps module '{m}' "
                             "(add it to MODULE_PATHS)")
         visiting.add(m)
-        data = debian_module(modroot / MODULE_PATHS[m])
+        data = debian_module(modroot / "kernel" / MODULE_PATHS[m])
         info = re.search(rb"\0depends=([^\0]*)\0", data)
         for dep in (info.group(1).decode().split(",") if info else []):
             if dep:
@@ -134,33 +145,8 @@ def debian_modules(image: Path, scenarios: list[Scenario]) -> list[tuple[str, by
     return order
 
 
-def build_initramfs(image: Path, scenarios: list[Scenario], init: str,
-                    modules: list[tuple[str, bytes]] | None = None) -> bytes:
-    busybox = (image / "busybox" / "bin" / "busybox").read_bytes()
-    if modules is None:
-        modules = debian_modules(image, scenarios)
-    entries: list[tuple[str, bytes | None, int]] = []
-    for d in ("bin", "dev", "proc", "sys", "tmp", "mnt", "lib", "lib/kmlc", "lib/debian",
-              "sys/kernel", "sys/kernel/debug", "sys/kernel/config"):
-        entries.append((d, None, stat.S_IFDIR | 0o755))
-    entries.append(("bin/busybox", busybox, stat.S_IFREG | 0o755))
-    for applet in ("sh", "mount", "insmod", "rmmod", "cat", "echo", "dmesg", "poweroff",
-                   "sleep", "ls", "grep", "md5sum", "dd", "mkdir", "seq", "awk", "wc", "head",
-                   "tail", "sync", "uname", "expr", "test", "[", "dirname", "cut", "cmp", "sort",
-                   "stat", "umount", "ifconfig", "printf", "tr", "sed", "rmdir"):
-        entries.append((f"bin/{applet}", b"busybox", stat.S_IFLNK | 0o777))
-    for m, data in modules:
-        entries.append((f"lib/debian/{m}.ko", data, stat.S_IFREG | 0o644))
-    for sc in scenarios:
-        entries.append((f"lib/kmlc/{sc.ko.name}", sc.ko.read_bytes(), stat.S_IFREG | 0o644))
-        for dest, src in sc.files.items():
-            entries.append((dest, Path(src).read_bytes(), stat.S_IFREG | 0o755))
-    entries.append(("init", init.encode(), stat.S_IFREG | 0o755))
-    return gzip.compress(_cpio_newc(entries), compresslevel=1)
-
-
 def debian_module(path: Path) -> bytes:
-    """A module of the Debian image, uncompressed (6.12 ships .ko.xz)."""
+    """A module of the kernel's image, uncompressed (6.12 ships .ko.xz)."""
     import lzma
 
     if path.is_file():
@@ -170,29 +156,88 @@ def debian_module(path: Path) -> bytes:
         if packed.is_file():
             with opener(packed) as f:
                 return f.read()
-    raise KmlcError(f"the Debian kernel image has no {path.name}", where=str(path.parent))
+    raise KmlcError(f"the kernel image has no {path.name}", where=str(path.parent))
 
 
-def init_script(scenarios: list[Scenario], needed: list[str]) -> str:
-    """/init: mount the pseudo filesystems, load the Debian modules in
-    ``needed`` order, run every scenario, dump the kernel log, power off."""
+APPLETS = ("sh", "mount", "insmod", "rmmod", "cat", "echo", "dmesg", "poweroff", "sleep", "ls",
+           "grep", "md5sum", "dd", "mkdir", "seq", "awk", "wc", "head", "tail", "sync", "uname",
+           "expr", "test", "[", "dirname", "cut", "cmp", "sort", "stat", "umount", "ifconfig",
+           "printf", "tr", "sed", "rmdir", "rm", "touch", "cp", "mv", "true", "false", "env",
+           "reboot", "fstrim",
+           "kill", "mkfifo", "od", "hexdump", "xargs", "uniq", "date", "blockdev", "fsync",
+           "truncate", "ln", "find", "gunzip", "zcat", "gzip", "base64", "readlink", "basename")
+
+
+def build_initramfs(root: Path, scenarios: list[Scenario], init: str,
+                    modules: list[tuple[str, bytes]]) -> bytes:
+    busybox = (root / "busybox" / "bin" / "busybox").read_bytes()
+    entries: list[tuple[str, bytes | None, int]] = []
+    for d in ("bin", "dev", "proc", "sys", "tmp", "mnt", "lib", "lib/kmlc", "lib/debian",
+              "sys/kernel", "sys/kernel/debug", "sys/kernel/config", "sys/kernel/tracing"):
+        entries.append((d, None, stat.S_IFDIR | 0o755))
+    entries.append(("bin/busybox", busybox, stat.S_IFREG | 0o755))
+    for applet in APPLETS:
+        entries.append((f"bin/{applet}", b"busybox", stat.S_IFLNK | 0o777))
+    for m, data in modules:
+        entries.append((f"lib/debian/{m}.ko", data, stat.S_IFREG | 0o644))
+    seen = set()
+    for sc in scenarios:
+        entries.append((f"lib/kmlc/{sc.ko.name}", sc.ko.read_bytes(), stat.S_IFREG | 0o644))
+        for dest, src in sc.files.items():
+            if dest not in seen:
+                seen.add(dest)
+                entries.append((dest, Path(src).read_bytes(), stat.S_IFREG | 0o755))
+    entries.append(("init", init.encode(), stat.S_IFREG | 0o755))
+    return gzip.compress(_cpio_newc(entries), compresslevel=1)
+
+
+# Shell helpers every scenario and user script may use.
+HELPERS = r"""
+# kB a leak would hold: unreclaimable slab and vmalloc, caches dropped
+kml_held() { echo 3 > /proc/sys/vm/drop_caches
+    awk '/^(SUnreclaim|VmallocUsed):/ { s += $2 } END { print s }' /proc/meminfo; }
+# kml_result NAME PASS|FAIL|INFO DETAIL
+kml_result() { echo "KMLC-RESULT $1 $2 $3"; }
+T=/sys/kernel/tracing
+# kml_trace_on SYSTEM: record the events of SYSTEM (a module's, kml_<name>) from now
+kml_trace_on() { [ -d $T/events ] || mount -t tracefs nodev $T
+    echo 0 > $T/tracing_on; echo 16384 > $T/buffer_size_kb; echo global > $T/trace_clock
+    echo > $T/trace; echo 1 > $T/events/$1/enable; echo 1 > $T/tracing_on; }
+# kml_trace_dump SYSTEM TAG: print what was recorded (gzip, base64: replayed by kmlc on
+# the host), and stop
+kml_trace_dump() { echo 0 > $T/events/$1/enable; echo "KMLC-TRACE-BEGIN $1 $2"
+    gzip -c $T/trace | base64; echo KMLC-TRACE-END; echo > $T/trace; }
+# kml_rejects M PARAM VALUE...: each write fails and leaves the parameter as it was
+kml_rejects() { m=$1; p=$2; shift 2; was=$(cat /sys/module/$m/parameters/$p)
+    for v in "$@"; do
+        if echo "$v" > /sys/module/$m/parameters/$p 2>/dev/null; then
+            echo "$p=$v accepted"; fi
+        [ "$(cat /sys/module/$m/parameters/$p)" = "$was" ] || echo "$p=$v changed it"
+    done; }
+"""
+
+
+def init_script(scenarios: list[Scenario], needed: list[str], debug: bool = False) -> str:
+    """/init: mount the pseudo filesystems, load the kernel's modules in
+    ``needed`` order, run every scenario, dump the kernel log, power off.
+    Reload cycles may leave 1 MB held (10 KB a cycle); on the debug kernel
+    16 MB, since KASAN's quarantine keeps freed objects for a while."""
     lines = ["#!/bin/sh", "mount -t proc proc /proc", "mount -t sysfs sysfs /sys",
              "mount -t devtmpfs dev /dev", "mount -t debugfs debugfs /sys/kernel/debug",
-             'echo "KMLC-BOOTED $(uname -r)"',
-             "# kB a leak would hold: unreclaimable slab and vmalloc, caches dropped",
-             "kml_held() { echo 3 > /proc/sys/vm/drop_caches; "
-             "awk '/^(SUnreclaim|VmallocUsed):/ { s += $2 } END { print s }' /proc/meminfo; }"]
-    from .hooks import MODULE_ARGS
-
+             'echo "KMLC-BOOTED $(uname -r)"', HELPERS.strip(),
+             f"KML_LEAK_KB={16384 if debug else 1024}"]
     for m in needed:
         args = MODULE_ARGS.get(m, "")
         lines.append(f"insmod /lib/debian/{m}.ko {args} || echo 'KMLC-RESULT {m} FAIL insmod'")
         if m == "configfs":
             lines.append("mount -t configfs none /sys/kernel/config")
+    if "configfs" not in needed:
+        lines.append("mount -t configfs none /sys/kernel/config 2>/dev/null")
     for sc in scenarios:
         lines += [f"# ---- {sc.name}", sc.script.strip()]
     lines += ["dmesg > /tmp/dmesg", "echo KMLC-DMESG-BEGIN", "cat /tmp/dmesg",
-              "echo KMLC-DMESG-END", "echo KMLC-DONE", "poweroff -f"]
+              "echo KMLC-DMESG-END", "echo KMLC-DONE",
+              "reboot -f  # qemu -no-reboot exits: no ACPI needed"]
     return "\n".join(lines) + "\n"
 
 
@@ -203,41 +248,92 @@ def _manifest(outdir) -> dict:
     return json.loads(man.read_text())
 
 
-def model_scenario(outdir: Path, kdir=None) -> Scenario:
-    """Load the model's module (its self-test runs), run its hooks'
-    scenarios, unload it."""
-    from .hooks import qemu_parts
+def model_scenario(outdir: Path, kernel: Kernel, script: Path | None = None) -> Scenario:
+    """Load the model's module (its self-test runs), run its hook's
+    scenario or the user's script, unload it."""
+    from ..hooks import owner
 
     meta = _manifest(outdir)
     mod = meta["module"]
-    ko = build_module(Path(outdir) / "kernel", kdir=kdir)
-    needs, files, hook_script = qemu_parts(Path(outdir), meta, ko)
-    script = f"""
+    ko = build_module(Path(outdir) / "kernel", kdir=kernel.kdir)
+    hooks = meta.get("hooks", [])
+    hook = owner(hooks[0]) if hooks else None
+    needs: list[str] = []
+    files: dict[str, Path] = {}
+    body = ""
+    if hook is not None:
+        needs += hook.needs
+        files.update({f"bin/{t}": tool(t) for t in hook.tools})
+        files.update(hook.files())
+        if "kml_dmsetup" in hook.tools:
+            files["bin/dmsetup"] = tool("kml_dmsetup")
+        if script is None:
+            cycles = DEBUG_CYCLES if kernel.debug else CYCLES
+            body = param_checks(mod, hook) + hook.scenario(mod, ko.name, cycles)
+    if script is not None:
+        files["lib/kmlc/user-script.sh"] = Path(script)
+        setup = hook.setup(mod) if hook is not None else ""
+        teardown = hook.teardown(mod) if hook is not None else ""
+        body = f"""
+( export KML_MODULE={mod}
+{setup.strip()}
+sh /lib/kmlc/user-script.sh ); rc=$?
+{teardown.strip()}
+[ $rc -eq 0 ] && kml_result {mod}-script PASS "exit 0" || kml_result {mod}-script FAIL "exit $rc"
+"""
+    text = f"""
 if insmod /lib/kmlc/{ko.name}; then
     if dmesg | grep -q "{mod}: selftest: .* bit-identical"; then
         echo "KMLC-RESULT {mod} PASS $(dmesg | grep '{mod}: selftest' | tail -1)"
     else
         echo "KMLC-RESULT {mod} FAIL no selftest line"
     fi
-{hook_script}
+{body}
     rmmod {mod} || echo "KMLC-RESULT {mod}-unload FAIL rmmod"
 else
     echo "KMLC-RESULT {mod} FAIL insmod (selftest or symbol error: see dmesg)"
 fi"""
-    return Scenario(mod, ko, needs=needs, files=files, script=script)
+    return Scenario(mod, ko, needs=needs, files=files, script=text, outdir=Path(outdir),
+                    hook=hook)
 
 
-def boot(initramfs: bytes, image: Path, *, timeout: int = 300, memory: str = "512M",
-         log=print) -> str:
+def param_checks(module: str, hook) -> str:
+    """Shell: every out-of-range write to each of the hook's parameters
+    fails with -EINVAL and changes nothing."""
+    calls = [f"kml_rejects {module} enabled 2 x"]
+    for name, p in hook.params.items():
+        if isinstance(p.default, bool):
+            bad = ["2", "x"]
+        elif isinstance(p.default, tuple):
+            n = len(p.default)
+            ok = ",".join([str(p.lo)] * n)
+            bad = [",".join([str(p.lo)] * (n - 1)), ok + f",{p.lo}",
+                   ",".join([str(p.hi + 1)] + [str(p.lo)] * (n - 1)), ",".join(["x"] * n)]
+        else:
+            bad = ["x", "-1", str(p.hi + 1)] + ([str(p.lo - 1)] if p.lo > 0 else [])
+        calls.append(f"kml_rejects {module} {name} " + " ".join(bad))
+    return f"""
+bad=$( {"; ".join(calls)} )
+[ -z "$bad" ] && kml_result {module}-params PASS "out-of-range writes refused" ||
+    kml_result {module}-params FAIL "$(echo $bad)"
+"""
+
+
+def boot(initramfs: bytes, kernel: Kernel, *, timeout: int = 600,
+         log_path: Path | None = None) -> str:
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
         raise KmlcError("qemu-system-x86_64 is not installed (package qemu-system-x86)")
-    vmlinuz = next((image / "image" / "boot").glob("vmlinuz-*"))
     with tempfile.TemporaryDirectory() as d:
         rd = Path(d) / "initramfs.gz"
         rd.write_bytes(initramfs)
-        cmd = [qemu, "-m", memory, "-smp", os.environ.get("KMLC_QEMU_SMP", "2"), "-kernel", str(vmlinuz), "-initrd", str(rd),
-               "-append", "console=ttyS0 panic=-1 oops=panic loglevel=" + os.environ.get("KMLC_QEMU_LOGLEVEL", "4"),
+        # noirqdebug: under PREEMPT_RT and TCG, the serial port's threaded
+        # interrupt can lag behind long output, and the kernel would then
+        # disable it as spurious ("irq 4: nobody cared")
+        append = ("console=ttyS0 panic=-1 oops=panic log_buf_len=4M noirqdebug loglevel="
+                  + os.environ.get("KMLC_QEMU_LOGLEVEL", "4"))
+        cmd = [qemu, "-m", kernel.memory, "-smp", os.environ.get("KMLC_QEMU_SMP", "2"),
+               "-kernel", str(kernel.vmlinuz), "-initrd", str(rd), "-append", append,
                "-nographic", "-no-reboot", "-monitor", "none", "-accel", "tcg,thread=single"]
         # TCG only: /dev/kvm can exist where KVM does not work (nested VMs), and
         # a test that hangs is worse than one that takes 10 seconds more.
@@ -245,7 +341,9 @@ def boot(initramfs: bytes, image: Path, *, timeout: int = 300, memory: str = "51
             res = subprocess.run(cmd, capture_output=True, timeout=timeout,
                                  stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as e:
-            out = (e.stdout or b"").decode(errors="replace")
+            out = (e.stdout or b"").decode(errors="replace").replace("\r", "")
+            if log_path:
+                Path(log_path).write_text(out)
             raise KmlcError(f"the qemu boot did not finish in {timeout} s; last output:\n"
                             + out[-2000:]) from None
     return res.stdout.decode(errors="replace").replace("\r", "")
@@ -263,24 +361,83 @@ def check(log: str) -> tuple[bool, list[str]]:
         problems.append("kernel log: " + " | ".join(bad[:5]))
     if not results:
         problems.append("no results")
-    ok = not problems and all(s == "PASS" for _, s, _ in results)
+    ok = not problems and all(s != "FAIL" for _, s, _ in results)
     return ok, lines + problems
 
 
-def run(outdirs: list[Path], *, kdir=None, timeout: int = 600, log=print) -> dict:
+def traces(log: str) -> dict[str, dict[str, str]]:
+    """The trace dumps of a boot: {system: {tag: text}}."""
+    import base64
+    import binascii
+
+    out: dict[str, dict[str, str]] = {}
+    for m in TRACE.finditer(log):
+        try:
+            text = gzip.decompress(base64.b64decode("".join(m.group(3).split()))).decode()
+        except (binascii.Error, OSError, EOFError):
+            text = f"# the dump of {m.group(2)} did not arrive whole\n"
+        out.setdefault(m.group(1), {})[m.group(2)] = text
+    return out
+
+
+def replay_verdicts(scenarios: list[Scenario], log: str) -> list[str]:
+    """Each hook's verdicts on its module's trace dumps: replayed through
+    the model's twin, the module's features and decisions bit for bit."""
+    from .user import Twin
+
+    dumps = traces(log)
+    out = []
+    for sc in scenarios:
+        if sc.hook is None or sc.name not in dumps:
+            continue
+        if not (sc.outdir / "user").is_dir():
+            out.append(f"{sc.name}-replay: INFO skipped: compiled without --target user")
+            continue
+        for ln in sc.hook.verdicts(sc.name, dumps[sc.name], Twin(sc.outdir)):
+            name, status, detail = (ln.split(" ", 2) + ["", ""])[:3]
+            out.append(f"{name}: {status} {detail}".rstrip())
+    return out
+
+
+def missing_steps(scenarios: list[Scenario], lines: list[str]) -> list[str]:
+    """A line for each step of a hook's scenario that gave no result (the
+    script stopped before it)."""
+    seen = {ln.split(":", 1)[0] for ln in lines}
+    out = []
+    for sc in scenarios:
+        if sc.hook is not None:
+            gone = [s for s in sc.hook.steps if f"{sc.name}-{s}" not in seen]
+            if gone:
+                out.append(f"{sc.name}: no result from " + ", ".join(gone))
+    return out
+
+
+def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
+        script: Path | None = None, timeout: int | None = None, log=print,
+        log_path: Path | None = None) -> dict:
     names = [_manifest(d)["module"] for d in outdirs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise KmlcError(f"two models build the module {', '.join(twice)}; one kernel loads a "
                         "module name once (compile with distinct --name)")
-    k = find_kdir(kdir)
-    release = release_of(k)
-    image = kernel_image(release)
-    scenarios = [model_scenario(d, kdir=k) for d in outdirs]
-    modules = debian_modules(image, scenarios)
-    init = init_script(scenarios, [m for m, _ in modules])
-    out = boot(build_initramfs(image, scenarios, init, modules), image, timeout=timeout, log=log)
+    if script is not None and not Path(script).is_file():
+        raise KmlcError("no such script", where=str(script))
+    k = resolve(kernel, kdir, log=log)
+    scenarios = [model_scenario(d, k, script) for d in outdirs]
+    modules = debian_modules(k.root, scenarios)
+    init = init_script(scenarios, [m for m, _ in modules], debug=k.debug)
+    timeout = timeout or (1800 if k.debug else 600)
+    out = boot(build_initramfs(k.root, scenarios, init, modules), k, timeout=timeout,
+               log_path=log_path)
+    if log_path:
+        Path(log_path).write_text(out)
     ok, lines = check(out)
+    replayed = replay_verdicts(scenarios, out)
+    n = len(RESULT.findall(out))
+    lines = lines[:n] + replayed + lines[n:]
+    missing = missing_steps(scenarios, lines) if script is None else []
+    ok = ok and not missing and not any(": FAIL" in ln for ln in replayed)
+    lines += missing
     for ln in lines:
         log(f"kmlc qemu-test: {ln}")
-    return {"ok": ok, "lines": lines, "log": out}
+    return {"ok": ok, "lines": lines, "log": out, "kernel": k.name, "release": k.release}

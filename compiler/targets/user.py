@@ -36,9 +36,10 @@ def find_cc(cc: str | None = None) -> str:
 
 def sources(userdir: Path, name: str) -> list[str]:
     """Entry point, the model's math (<name>_fp.c float or <name>_fx.c
-    fixed) and the twin's batch entry."""
+    fixed), the twin's batch entry, and a hook's twin C (kml_*_twin.c)."""
     core = [f"{name}_{c}.c" for c in ("fp", "fx") if (userdir / f"{name}_{c}.c").is_file()]
-    return [f"{name}.c", *core, f"{name}_twin.c"]
+    hook = sorted(p.name for p in Path(userdir).glob("kml_*_twin.c"))
+    return [f"{name}.c", *core, f"{name}_twin.c", *hook]
 
 
 def build_twin(userdir: Path, name: str, *, cc: str | None = None, extra=(),
@@ -139,57 +140,55 @@ class Twin:
             raise KmlcError(f"kml_{self.name}_infer returned {ret}")
         return y
 
-    def _replay(self, hook: str, fn_name: str, events, per: int, closes, *, cols: int = 4,
-                decides=None, out_cols: int = 1) -> tuple:
-        """Run a hook's replay entry point on trace rows of ``cols`` int64:
-        ``closes(rows)`` marks the rows that close a window (one feature row
-        of ``per`` each), ``decides(rows)`` (default: the same) the rows that
-        give a decision of ``out_cols`` values."""
-        if hook not in self.meta.get("hooks", []):
-            raise KmlcError(f"this model was compiled without --hooks {hook}")
-        fn = getattr(self.lib, f"kml_{self.name}_{fn_name}")
+    # ---- a hook's replay and decision (kmlc.hooks) ------------------------------------
+
+    def _hook(self):
+        from ..hooks import owner
+
+        self._need_hook()
+        return owner(self.meta["hooks"][0])
+
+    def _buf(self) -> np.ndarray:
+        """The caller-owned buffer of the hook's decisions (struct kml_model_buf)."""
+        if not hasattr(self, "_hook_buf"):
+            size = ctypes.c_ulong.in_dll(self.lib, "kml_twin_buf_size").value
+            self._hook_buf = np.zeros(size // 8 + 1, dtype=np.uint64)
+        return self._hook_buf
+
+    def call_replay(self, ev: np.ndarray, windows: int, per: int, decisions: int,
+                    out_cols: int):
+        """kml_twin_replay (runtime-user/kml_<stem>_twin.c) on int64 trace
+        rows ``ev``: the features of up to ``windows`` windows (``per``
+        values each; as many as it returns) and ``decisions`` decisions of
+        ``out_cols`` values."""
+        fn = self.lib.kml_twin_replay
         p = ctypes.c_void_p
         fn.argtypes, fn.restype = [p, ctypes.c_ulong, p, p, p], ctypes.c_long
-        ev = np.ascontiguousarray(events, dtype=np.int64).reshape(-1, cols)
-        rows = int(closes(ev).sum())
-        drows = rows if decides is None else int(decides(ev).sum())
-        feats = np.zeros((rows, per), dtype=np.int32)
-        out = np.zeros((drows, out_cols) if out_cols > 1 else drows, dtype=np.int32)
+        ev = np.ascontiguousarray(ev, dtype=np.int64)
+        feats = np.zeros((windows, per), dtype=np.int32)
+        out = np.zeros((decisions, out_cols) if out_cols > 1 else decisions, dtype=np.int32)
         n = fn(ev.ctypes.data, len(ev), feats.ctypes.data, out.ctypes.data,
-               self._workspace.ctypes.data)
+               self._buf().ctypes.data)
         if n < 0:
-            raise KmlcError(f"kml_{self.name}_{fn_name} returned {n}")
-        return feats[:n], (out if decides is not None else out[:n])
+            raise KmlcError(f"kml_twin_replay returned {n}")
+        return feats[:n], out
 
-    def admit_replay(self, events) -> tuple[np.ndarray, np.ndarray]:
-        """Replay an admission trace (rows {kind, a, b, c}: see
-        kml_<name>_admit_replay) through the module's own feature code and
-        policy: (features, decisions), one row per read."""
-        return self._replay("admission", "admit_replay", events, 11,
-                            lambda ev: ev[:, 0] == 0)
+    def replay(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        """Trace rows, in the layout of the model's hook (kmlc.hooks), through
+        the hook's own feature code and decision: (features, decisions)."""
+        return self._hook().replay_rows(self, rows)
 
-    def ra_replay(self, events) -> tuple[np.ndarray, np.ndarray]:
-        """Replay a readahead trace (rows {file, page, ra_pages, flags}: see
-        kml_<name>_ra_replay): (features, classes), one row per window."""
-        return self._replay("readahead", "ra_replay", events, 5,
-                            lambda ev: (ev[:, 3] & 2) != 0)
-
-    def nfs_replay(self, events) -> tuple[np.ndarray, np.ndarray]:
-        """Replay an NFS rsize trace (rows {kind, mount, t, a, rsize, orig,
-        flags, window}: see kml_<name>_nfs_replay and
-        ``kmlc.targets.hooks.parse_nfs_trace``) through the module's own
-        feature code and policy: (features, one row per window; decisions,
-        one row {class, rsize} per decision the module took)."""
-        return self._replay("nfs-rsize", "nfs_replay", events, 8,
-                            lambda ev: (ev[:, 0] != 4) & ((ev[:, 6] & 2) != 0), cols=8,
-                            decides=lambda ev: (ev[:, 6] & 4) != 0, out_cols=2)
+    def replay_trace(self, text: str):
+        """The module's trace (the text of /sys/kernel/tracing/trace) replayed
+        through the twin: a kmlc.hooks.base.Replay, module beside twin."""
+        return self._hook().replay(self, text)
 
     @property
     def hook_frac(self) -> np.ndarray:
         """The fraction bits the model's hook encodes each feature with
         (``kmlc.features`` takes them as ``frac``)."""
         self._need_hook()
-        fn = getattr(self.lib, f"kml_{self.name}_hook_frac")
+        fn = self.lib.kml_twin_frac
         fn.restype = ctypes.POINTER(ctypes.c_uint8)
         return np.ctypeslib.as_array(fn(), (self.in_elems,)).copy()
 
@@ -201,11 +200,11 @@ class Twin:
         self._need_hook()
         f = np.ascontiguousarray(features, dtype=np.int32).reshape(-1, self.in_elems)
         out = np.zeros(len(f), dtype=np.int32)
-        fn = getattr(self.lib, f"kml_{self.name}_hook_decide")
+        fn = self.lib.kml_twin_decide
         fn.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p]
-        ret = fn(f.ctypes.data, len(f), out.ctypes.data, self._workspace.ctypes.data)
+        ret = fn(f.ctypes.data, len(f), out.ctypes.data, self._buf().ctypes.data)
         if ret:
-            raise KmlcError(f"kml_{self.name}_hook_decide returned {ret}")
+            raise KmlcError(f"kml_twin_decide returned {ret}")
         return out
 
     def _need_hook(self) -> None:

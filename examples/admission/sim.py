@@ -304,15 +304,18 @@ READ_DONE, WRITE_DONE = 1, 2            # the kinds of the hook's completion eve
 
 
 class AdmissionHook:
-    """One kmlc admission target (compiler/codegen/templates/hook_admit.c.j2)
-    over (primary, replica), step for step, with the model's features from
+    """One kmlc admission target (runtime-kernel/kml_admit.c) over
+    (primary, replica), its read balancing step for step, with the model's features from
     ``view`` and its decision from ``decide`` (1 decline, 0 admit):
 
     * map() of a read (``map``): features from the reads and writes in
       flight on the primary *through this target* (``inflight``);
       ``declined`` counts the model's declines, and every
       ``probe_every``-th decline goes to the primary anyway;
-    * map() of a write (``write``): to the primary, counted in ``inflight``;
+    * map() of a write (``write``): to the primary, counted in
+      ``inflight``: the target's ``replicated_elsewhere`` setting
+      (docs/hooks.md), Heimdall's, where the storage system writes each
+      replica through the target whose primary it is;
     * a read or write sent to the primary records its queue length at
       submit (``inflight`` before it is counted) and, at end_io(), its
       latency (from map() to completion: queueing included) and bytes into
@@ -321,7 +324,7 @@ class AdmissionHook:
       reads only); reads sent to the replica are not recorded.
 
     With the HeimdallView and ``twin.decide`` this is exactly what the
-    module does (the tests replay ``events`` through ``twin.admit_replay``:
+    module does (the tests replay ``events`` through ``twin.replay``:
     rows (0, size, inflight, 0) per read, (1 or 2, qlen, latency ns, bytes)
     per completion of a read or a write that entered the history, as the
     module traces them).  With ``trace``,

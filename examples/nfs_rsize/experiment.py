@@ -4,7 +4,7 @@
              server with 4 GiB of RAM or more offers 1 MiB,
              nfsd_get_default_max_blksize(), and the client takes it)
   fixed-N    mount -o rsize=N (N in KiB): rsize and io_pages N from the start
-  learned    the kmlc hook: kml_<name>_nfs.c's kml_event() on every
+  learned    the kmlc hook: runtime-kernel/kml_nfs.c's kml_event() on every
              tracepoint, with the compiled model's own feature encoding and
              decision code (kmlc.features.NfsStream + Twin.decide), its
              class -> rsize table, and kml_nfs_decide()'s vote and clamps
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from readahead.experiment import policy_table, replay
+from readahead.experiment import hook_table, replay
 from readahead.sim import Cpu
 from readahead.workloads import CLASSES, CpuCosts, Db, generate
 
@@ -42,7 +42,7 @@ def ra_419(rsize: int) -> int:
 
 def rsize_table(outdir: Path) -> list[int]:
     """The class -> rsize table of a model compiled with --hooks nfs-rsize."""
-    return policy_table(outdir, "_rsize", "NFS", "nfs-rsize")
+    return hook_table(outdir, "rsize", "nfs-rsize")
 
 
 class LearnedHook:

@@ -2,7 +2,7 @@
 
   default   Linux's default, ra_pages 32 (128 KiB, 256 sectors) for every file
   fixed-N   ra_pages N for every file (blockdev --setra N*8)
-  learned   the kmlc hook: kml_<name>_ra.c's kml_miss() on each
+  learned   the kmlc hook: runtime-kernel/kml_ra.c's kml_ra_miss() on each
             page_cache_sync_ra()/page_cache_async_ra() call, with the
             compiled model's own feature encoding and decision code
             (kmlc.features.ReadaheadStream + Twin.decide) and its class table
@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -26,24 +25,19 @@ WINDOW_EVENTS, WINDOW_MS = 64, 1000   # the hook's module parameters, at their d
 EXPLORE_RA = (2, 32, 80, 120)         # the values a file's ra_pages takes under KML's table
 
 
-def policy_table(outdir: Path, array: str, what: str, hooks: str) -> list[int]:
-    """The class -> value table (the C array whose name ends in ARRAY) the
-    compiled hook applies, read from its generated <name>_policy.h (edit it
-    there and recompile the module)."""
-    for h in sorted(Path(outdir, "kernel").glob("*_policy.h")):
-        m = re.search(array + r"\[[^\]]*\]\s*=\s*\{([^}]*)\}", h.read_text())
-        if m:
-            return [int(v) for v in m.group(1).replace(",", " ").split()]
-    raise FileNotFoundError(f"{outdir}: no {what} policy header (compile with --hooks {hooks})")
+def hook_table(outdir: Path, param: str, hook: str) -> list[int]:
+    """The class -> value table a model compiled with --hooks HOOK starts
+    with: its per-class module parameter PARAM (ra_pages, rsize), as
+    kmlc.json records it."""
+    params = json.loads(Path(outdir, "kmlc.json").read_text()).get("hook_params", {})
+    if param not in params:
+        raise FileNotFoundError(f"{outdir}: no {param} table (compile with --hooks {hook})")
+    return [int(v) for v in params[param]]
 
 
 def class_table(outdir: Path) -> list[int]:
-    """The class -> ra_pages table a model compiled with --hooks readahead
-    starts with: its ra_pages module parameter, as kmlc.json records it."""
-    params = json.loads(Path(outdir, "kmlc.json").read_text()).get("hook_params", {})
-    if "ra_pages" not in params:
-        raise FileNotFoundError(f"{outdir}: no readahead table (compile with --hooks readahead)")
-    return [int(v) for v in params["ra_pages"]]
+    """The class -> ra_pages table of a model compiled with --hooks readahead."""
+    return hook_table(outdir, "ra_pages", "readahead")
 
 
 class LearnedHook:

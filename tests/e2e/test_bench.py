@@ -97,3 +97,16 @@ def test_bytes_sweep_and_json(run):
     except ImportError:
         return
     assert (out / "latency.png").stat().st_size > 0 and (out / "sweep.png").stat().st_size > 0
+
+
+def test_feature_steps(run):
+    """The hooks' readahead and NFS feature steps, per event, through the
+    twin: a row each with a time and an instruction count."""
+    out, _ = run
+    rows = {cells(ln)[0]: cells(ln) for ln in section((out / "benchmarks.md").read_text(),
+                                                       "Hook feature steps")[2:]}
+    assert set(rows) == {"readahead", "nfs"}
+    for row in rows.values():
+        assert float(row[1]) > 0 and float(row[2]) > 10, row
+    js = json.loads((out / "results.json").read_text())["feature_steps"]
+    assert js["readahead"]["instructions_per_event"] > 10

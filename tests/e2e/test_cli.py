@@ -2,11 +2,13 @@
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 
-from conftest import EXAMPLES, ROOT, kmlc_cli, mlp_model
+from conftest import EXAMPLES, ROOT, kmlc_cli, mlp_model, readahead_policy
 from kmlc.passes import GRAPH_PASSES, banner
 
 
@@ -68,12 +70,18 @@ def test_wheel_carries_runtime_and_templates(tmp_path):
     whl = next(tmp_path.glob("kmlc-*.whl"))
     names = set(zipfile.ZipFile(whl).namelist())
     templates = {p.name for p in (ROOT / "compiler" / "codegen" / "templates").glob("*.j2")}
-    headers = {p.name for p in (ROOT / "runtime-kernel").glob("*.h")}
-    assert {"model_core.c.j2", "kernels_fixed.c.j2"} <= templates
-    assert {"kml_math.h", "kml_fixed.h", "kml_lut.h", "kml_fpu.h", "kml_types.h"} <= headers
+    runtime = {p.name for p in (ROOT / "runtime-kernel").iterdir() if p.suffix in (".c", ".h")}
+    user = {p.name for p in (ROOT / "runtime-user").iterdir() if p.suffix in (".c", ".h")}
+    tools = {p.name for p in (ROOT / "compiler" / "targets" / "qemu_tools").glob("*.c")}
+    assert {"model_core.c.j2", "kernels_fixed.c.j2", "binding.h.j2"} <= templates
+    assert {"kml_math.h", "kml_fixed.h", "kml_types.h", "kml_hook.c", "kml_ra.c",
+            "kml_admit_trace.h"} <= runtime
+    assert {"kml_reader.c", "kml_dmsetup.c", "kml_mount.c"} <= tools
     for f in ([f"kmlc/codegen/templates/{t}" for t in templates]
-              + [f"kmlc/runtime_kernel/{h}" for h in headers]
-              + ["kmlc/runtime_user/kml_user_fpu.h", "kmlc/frontends/onnx.py",
+              + [f"kmlc/runtime_kernel/{h}" for h in runtime]
+              + [f"kmlc/runtime_user/{h}" for h in user]
+              + [f"kmlc/targets/qemu_tools/{t}" for t in tools]
+              + ["kmlc/frontends/onnx.py", "kmlc/hooks/admission.py",
                  "kmlc/passes/quantize.py", "kmlc/cli.py"]):
         assert f in names, f
     assert any(n.endswith("entry_points.txt") for n in names)
@@ -94,6 +102,45 @@ def test_wheel_installs_and_compiles(tmp_path):
                           str(EXAMPLES / "readahead.onnx"), str(tmp_path / "o")],
                          capture_output=True, text=True, env=env, cwd=tmp_path)
     assert res.returncode == 0 and "(1, 4)" in res.stdout and "(3, 4)" in res.stdout, res.stderr
+
+
+@pytest.mark.kernel
+def test_wheel_in_a_fresh_venv_runs_qemu_test(tmp_path):
+    """A regular install from a built wheel, in a fresh virtualenv, compiles
+    a model with a hook and runs kmlc qemu-test: the hook's runtime C, the
+    templates and the guest's tools (qemu_tools/*.c) come from the wheel."""
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path,
+                    clean_source(tmp_path)], check=True, capture_output=True)
+    whl = next(tmp_path.glob("kmlc-*.whl"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    py = venv / "bin" / "python"
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", site,
+                    whl], check=True, capture_output=True)
+    script = tmp_path / "s.sh"
+    script.write_text("kml_reader seq $KML_DISK 256 256 > /dev/null && "
+                      "[ -f /sys/module/$KML_MODULE/parameters/window_events ]\n")
+    m, cal = readahead_policy()
+    onnx_path = tmp_path / "ra.onnx"
+    onnx.save(m, onnx_path)
+    np.save(tmp_path / "cal.npy", cal)
+    # the dependencies from this environment; kmlc itself only from the wheel
+    env = {"PYTHONPATH": sysconfig.get_path("purelib"), "PATH": f"{venv}/bin:/usr/bin:/bin",
+           "HOME": str(Path.home())}
+    code = ("import sys, kmlc; assert kmlc.__file__.startswith(sys.argv[1]), kmlc.__file__;"
+            "from kmlc.cli import main; sys.exit(main(sys.argv[2:]))")
+    run = lambda *a: subprocess.run([py, "-c", code, site, *map(str, a)],  # noqa: E731
+                                    capture_output=True, text=True, env=env, cwd=tmp_path)
+    res = run("compile", onnx_path, "-o", tmp_path / "o", "--name", "wheelra", "--numerics",
+              "fixed", "--calibration", tmp_path / "cal.npy", "--hooks", "readahead")
+    assert res.returncode == 0, res.stderr
+    res = run("qemu-test", tmp_path / "o", "--script", script)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "kml_wheelra-script: PASS exit 0" in res.stdout
 
 
 def test_bad_usage_is_one_line(tmp_path):

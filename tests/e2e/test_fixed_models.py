@@ -201,6 +201,7 @@ def test_modules_build_with_llvm(fixed, tmp_path):
                                                "calibration": calibration("heimdall")}),
         "rafx": (ra, {"numerics": "fixed", "calibration": ra_cal, "hooks": ["readahead"]}),
         "rafp": (ra, {"hooks": ["readahead"]}),
+        "nfs": (EXAMPLES / "nfs_rsize.onnx", {"hooks": ["nfs-rsize"]}),
     }
     for tag, (model, opts) in builds.items():
         kcompile(model, tmp_path / tag, name=f"llvm_{tag}", targets="kernel", **opts)

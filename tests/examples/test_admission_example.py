@@ -297,7 +297,7 @@ def test_learned_policy_is_the_modules_decisions(tmp_path):
     out = sim.simulate(tr, pol)
     for c, hook in enumerate(pol.hooks):
         ev = np.array(hook.events, np.int64)
-        feats, dec = twin.admit_replay(ev)
+        feats, dec = twin.replay(ev)
         assert np.array_equal(feats, features.admission(ev, frac=twin.hook_frac).raw)
         assert dec.tolist() == hook.decisions
         assert hook.to_replica == hook.declined - hook.probes
@@ -305,7 +305,7 @@ def test_learned_policy_is_the_modules_decisions(tmp_path):
         # every write reached each replica through its hook, and its completion
         # is in the history the model decided on
         assert hook.writes == sum(tr.write) == (ev[:, 0] == 2).sum()
-        assert not np.array_equal(twin.admit_replay(ev[ev[:, 0] != 2])[0], feats)
+        assert not np.array_equal(twin.replay(ev[ev[:, 0] != 2])[0], feats)
     declined = sum(h.declined for h in pol.hooks)
     assert 0 < declined < len(out.latency_ns)
     # the module with history_writes=0: its trace holds the reads' completions
@@ -316,7 +316,7 @@ def test_learned_policy_is_the_modules_decisions(tmp_path):
     for hook in ro.hooks:
         ev = np.array(hook.events, np.int64)
         assert hook.writes == sum(tr.write) and not (ev[:, 0] == 2).any()
-        assert twin.admit_replay(ev)[1].tolist() == hook.decisions
+        assert twin.replay(ev)[1].tolist() == hook.decisions
     assert not np.array_equal(out_ro.latency_ns, out.latency_ns)
 
 
@@ -366,8 +366,8 @@ def test_quick_pipeline_is_reproducible(tmp_path):
     for name in ("heimdall", "heimdall_gc"):
         meta = json.loads((out / "build" / name / "kmlc.json").read_text())
         assert meta["hook_params"]["history_writes"] is False
-    assert "static bool history_writes;" in \
-        (out / "build/heimdall/kernel/heimdall_admit.c").read_text()
+    assert "#define KML_ADMIT_HISTORY_WRITES false" in \
+        (out / "build/heimdall/kernel/kml_binding.h").read_text()
 
     # same training seeds, history and labels -> the same weights
     heim, *_ = train.collect(r["settings"]["train_seeds"], traces.Config(duration_s=1.0))

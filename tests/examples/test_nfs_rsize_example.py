@@ -195,27 +195,6 @@ def policy_dirs(tmp_path_factory):
     return out
 
 
-def replay_rows(ev, closed_by, fixed, vote, orig=M):
-    """The rows the module's debugfs trace would hold for these events:
-    flags 1 opens, 2 closes (window n), 4 decides with the vote length in
-    bits 8..; a float model's decision is its own row (kind 4), here right
-    after the close (the work item runs before the mount's next event)."""
-    rows, closes, seen = [], {i: n + 1 for n, i in enumerate(closed_by)}, False
-    for i, (t, kind, mount_, a, rsize) in enumerate(ev.tolist()):
-        if kind == N.RECLAIM:
-            rows.append([3, 0, t, a, 0, 0, 0, 0])
-            continue
-        window = closes.get(i, 0)
-        flags = (0 if seen and not window else 1) | (2 if window else 0)
-        if window and fixed:
-            flags |= 4 | vote << 8
-        seen = True
-        rows.append([kind, mount_ + 1, t, a, rsize, orig, flags, window])
-        if window and not fixed:
-            rows.append([4, mount_ + 1, t, 0, 0, orig, 4 | vote << 8, window])
-    return np.array(rows, dtype=np.int64)
-
-
 @pytest.mark.parametrize("numerics,vote", [("fixed", 1), ("float", 1), ("fixed", 3)])
 def test_learned_policy_is_the_modules(policy_dirs, numerics, vote):
     """Sequential, random, then sequential reads over NFS under the learned
@@ -240,8 +219,11 @@ def test_learned_policy_is_the_modules(policy_dirs, numerics, vote):
     w = features.nfs(ev, window_ms=100, frac=hook.twin.hook_frac)
     assert len(w.raw) >= 10 and len(w.raw) == len(hook.windows)
     assert np.array_equal(w.raw, np.array([f for f, _, _ in hook.windows]))
-    rf, rd = hook.twin.nfs_replay(replay_rows(ev, w.closed_by.tolist(), numerics == "fixed",
-                                              vote))
+    from kmlc.hooks import owner
+
+    wants = [rsize_table(outdir)[c] for _, c, _ in hook.windows]
+    rf, rd = hook.twin.replay(owner("nfs-rsize").rows_from_events(ev, w.closed_by, wants,
+                                                                   vote=vote, orig=M))
     assert np.array_equal(rf, w.raw)
     assert rd.tolist() == [[c, r] for _, c, r in hook.windows]
     assert {0, 2} <= {c for _, c, _ in hook.windows}       # saw both kinds of reads
@@ -292,7 +274,7 @@ def test_checked_in_model_compiles_with_the_hook(tmp_path):
     """From a fresh clone: the model and its calibration rows as checked in."""
     fx, fl = compile_with_hook(EXAMPLE / "nfs_rsize.onnx", EXAMPLE / "calibration.npy",
                                "nfs-rsize", tmp_path)
-    assert (fx / "kernel" / "nfs_rsize_nfs.c").is_file()
+    assert (fx / "kernel" / "kml_nfs.c").is_file()
     assert rsize_table(fl) == [4096, 4096, 262144, 262144]
 
 

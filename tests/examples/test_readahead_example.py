@@ -303,7 +303,7 @@ def test_learned_policy_is_the_modules(policy_dirs, numerics, access):
     flags[w.closed_by] = 2
     firsts = np.unique(ev[:, 1], return_index=True)[1]
     flags[firsts] |= 1
-    rf, rc = hook.twin.ra_replay(np.stack([ev[:, 1], ev[:, 2], ev[:, 3], flags], 1))
+    rf, rc = hook.twin.replay(np.stack([ev[:, 1], ev[:, 2], ev[:, 3], flags], 1))
     assert np.array_equal(rf, w.raw)
     assert rc.tolist() == [c for _, c in hook.windows]
     assert {0, 2} <= set(rc.tolist())   # the policy sees scans and random gets
@@ -365,7 +365,7 @@ def test_checked_in_model_compiles_with_the_hook(quick_runs, tmp_path):
     (workdir, _), _ = quick_runs
     fx, fl = compile_with_hook(EXAMPLE / "readahead.onnx", workdir / "train_x.npy", "readahead",
                                tmp_path)
-    assert (fx / "kernel" / "readahead_ra.c").is_file()
+    assert (fx / "kernel" / "kml_ra.c").is_file()
     assert class_table(fl) == [2, 2, 80, 120]
 
 

@@ -185,7 +185,7 @@ def test_admission_extractor_is_the_modules(tmp_path):
                    np.where(kinds == 0, 0, 2 ** rng.integers(12, 18, 3000))],
                   1).astype(np.int64)
     twin = load(out)
-    feats, decisions = twin.admit_replay(ev)
+    feats, decisions = twin.replay(ev)
     assert twin.hook_frac.tolist() == twin.fixed["frac_bits"]
     got = features.admission(ev, frac=twin.hook_frac)
     assert len(feats) == (kinds == 0).sum()
@@ -195,9 +195,9 @@ def test_admission_extractor_is_the_modules(tmp_path):
     # a write's completion enters the history exactly as a read's does
     as_reads = ev.copy()
     as_reads[kinds == 2, 0] = 1
-    assert np.array_equal(twin.admit_replay(as_reads)[0], feats)
+    assert np.array_equal(twin.replay(as_reads)[0], feats)
     with pytest.raises(KmlcError, match="returned -22"):   # -EINVAL: no such kind
-        twin.admit_replay(np.array([[3, 0, 0, 0]]))
+        twin.replay(np.array([[3, 0, 0, 0]]))
 
 
 def test_admission_history_takes_writes():
@@ -285,8 +285,8 @@ def test_readahead_decisions_are_the_modules(tmp_path, numerics):
     flags = np.zeros(n, dtype=np.int64)
     flags[w.closed_by] = 2
     trace = np.stack([files, pages, ev[:, 3], flags], 1)
-    rf, rc = twin.ra_replay(trace[: n // 2 + 3])  # leaves windows open at its end
-    rf, rc = twin.ra_replay(trace)                # which must not leak into this replay
+    rf, rc = twin.replay(trace[: n // 2 + 3])  # leaves windows open at its end
+    rf, rc = twin.replay(trace)                # which must not leak into this replay
     assert np.array_equal(rf, w.raw) and np.array_equal(rc, classes)
     assert set(classes.tolist()) == {0, 2}  # random files -> 0, sequential -> 2
 
@@ -479,28 +479,6 @@ def test_nfs_stream_equals_batch_extraction():
     assert np.array_equal(np.array([f for _, f in got]), want.raw)
 
 
-def nfs_trace_rows(ev, closed, decisions_at_close, vote, orig=1 << 20):
-    """The rows the module's trace would hold for events ev (rows {t, kind,
-    mount, a, rsize}): flags 1 opens, 2 closes, 4 decides (at the close for
-    a fixed model; else a separate kind-4 row after it, skipping every
-    third window as a busy work item would)."""
-    rows, seen, closes = [], set(), {i: n + 1 for n, i in enumerate(closed)}
-    for i, (t, kind, mount, a, rsize) in enumerate(ev.tolist()):
-        if kind == 3:
-            rows.append([3, 0, t, a, 0, 0, 0, 0])
-            continue
-        flags, window = 0, closes.get(i, 0)
-        if mount not in seen or window:
-            flags |= 1
-        seen.add(mount)
-        if window:
-            flags |= 2 | ((4 | vote << 8) if decisions_at_close else 0)
-        rows.append([kind, mount + 1, t, a, rsize, orig, flags, window])
-        if window and not decisions_at_close and window % 3:
-            rows.append([4, mount + 1, t, 0, 0, orig, 4 | vote << 8, window])
-    return np.array(rows, dtype=np.int64)
-
-
 @pytest.mark.parametrize("numerics", ["fixed", "float"])
 def test_nfs_decisions_are_the_modules(tmp_path, numerics):
     """kmlc.features.nfs with the hook's fraction bits, decided by
@@ -519,12 +497,17 @@ def test_nfs_decisions_are_the_modules(tmp_path, numerics):
     w = features.nfs(ev, window_ms=30, frac=twin.hook_frac)
     classes = twin.decide(w.raw)
     assert set(classes.tolist()) == {0, 2}   # random mounts -> 0, sequential -> 2
+    from kmlc.hooks import owner
+
     fixed = numerics == "fixed"
-    rows = nfs_trace_rows(ev, w.closed_by.tolist(), fixed, vote=3)
-    rf, rd = twin.nfs_replay(rows)
-    assert np.array_equal(rf, w.raw)
+    table = [4096, 4096, 262144, 262144]
+    # a float model's work item may skip a window (a newer one closed first): every third
     decided = [j for j in range(len(classes)) if fixed or (j + 1) % 3]
+    wants = [table[c] if j in decided else None for j, c in enumerate(classes)]
+    rows = owner("nfs-rsize").rows_from_events(ev, w.closed_by, wants, vote=3)
+    rf, rd = twin.replay(rows)
+    assert np.array_equal(rf, w.raw)
     votes = {}
     want = [[classes[j], votes.setdefault(ev[w.closed_by[j], 2], features.NfsRsize(vote=3))
-             .decide([4096, 4096, 262144, 262144][classes[j]], 1 << 20)] for j in decided]
+             .decide(table[classes[j]], 1 << 20)] for j in decided]
     assert rd.tolist() == want

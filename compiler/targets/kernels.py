@@ -1,0 +1,268 @@
+"""The kernels ``kmlc qemu-test --kernel`` boots, and where each comes from.
+
+    6.1     Debian's own kernel (linux-headers-amd64 and the matching
+            linux-image-*-unsigned package)
+    6.12    the newest Debian 12 Linux 6.12 (linux-headers-6.12.*)
+    rt      Debian's PREEMPT_RT kernel (linux-headers-rt-amd64): spinlock_t
+            sleeps, interrupts are threads
+    debug   Linux 6.1 from Debian's linux-source-6.1, built here with lockdep
+            (PROVE_LOCKING), DEBUG_ATOMIC_SLEEP, KASAN, UBSAN and KFENCE, and
+            what the hook scenarios need (kprobes, tracing, device-mapper,
+            null_blk, ext4, NFS client and server), as modules where Debian
+            has them as modules
+
+A kernel is its build directory (modules are built against it), its
+release, and an image root laid out as Debian's package is (boot/vmlinuz-*,
+lib/modules/<release>/...), with busybox beside it.  Debian's images come
+from ``apt-get download``; the debug kernel is built once into
+``~/.cache/kmlc/kernel-build/debug`` and rebuilt only when its source or
+configuration changes.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import KmlcError
+from .kernel import find_kdir, installed_headers
+from .kunit import cache_dir, locked, source_tree
+
+NAMES = ("6.1", "6.12", "rt", "debug")
+
+
+@dataclass
+class Kernel:
+    name: str
+    kdir: Path              # build directory: modules are built against it
+    release: str            # uname -r
+    root: Path              # image/ (boot, lib/modules) and busybox/
+    memory: str = "512M"    # qemu -m
+    debug: bool = False     # sanitizers: scenarios run shorter loops
+
+    @property
+    def vmlinuz(self) -> Path:
+        return next((self.root / "image" / "boot").glob("vmlinuz-*"))
+
+
+def release_of(kdir: Path) -> str:
+    """The kernel release (uname -r) a build directory builds modules for."""
+    uts = Path(kdir) / "include" / "generated" / "utsrelease.h"
+    m = re.search(r'UTS_RELEASE "([^"]+)"', uts.read_text()) if uts.is_file() else None
+    if not m:
+        raise KmlcError("no include/generated/utsrelease.h: not a configured kernel build "
+                        "directory", where=str(kdir))
+    return m.group(1)
+
+
+def resolve(name: str | None = None, kdir=None, log=print) -> Kernel:
+    """The kernel ``--kernel NAME`` names; or, with ``kdir`` (a Debian
+    headers directory), the Debian kernel it builds for; by default
+    Debian's own (6.1)."""
+    if name and kdir:
+        raise KmlcError("give --kernel or --kdir, not both")
+    if name == "debug":
+        return debug_kernel(log=log)
+    if name is None or name == "6.1":
+        k = find_kdir(kdir)
+    elif name in ("6.12", "rt"):
+        pat = {"6.12": r"^6\.12\.", "rt": r"-rt-amd64$"}[name]
+        found = [k for k in installed_headers() if re.search(pat, release_of(k))]
+        if not found:
+            pkg = {"6.12": "linux-headers-6.12.*-amd64", "rt": "linux-headers-rt-amd64"}[name]
+            raise KmlcError(f"no {name} kernel headers are installed: install {pkg} (the "
+                            "README's setup does)")
+        k = found[-1]
+    else:
+        raise KmlcError(f"unknown --kernel {name}; choose from {', '.join(NAMES)}")
+    release = release_of(k)
+    return Kernel(name or "6.1", k, release, debian_image(release))
+
+
+def _download(pkg: str, dest: Path) -> None:
+    import tempfile
+
+    if not shutil.which("apt-get"):
+        raise KmlcError(f"apt-get is needed to fetch {pkg} (Debian only)")
+    with tempfile.TemporaryDirectory() as d:
+        res = subprocess.run(["apt-get", "download", pkg], cwd=d, capture_output=True, text=True)
+        debs = list(Path(d).glob("*.deb"))
+        if res.returncode or not debs:
+            raise KmlcError(f"apt-get download {pkg} failed: {res.stderr.strip()[-300:]}")
+        subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(dest)], check=True)
+
+
+def debian_image(release: str) -> Path:
+    """The unpacked Debian kernel package for ``release``, and busybox (cached)."""
+    root = cache_dir() / "qemu" / release
+    with locked("qemu"):
+        if not (root / "ok").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir(parents=True)
+            _download(f"linux-image-{release}-unsigned", root / "image")
+            _busybox(root)
+            (root / "ok").write_text(release + "\n")
+    return root
+
+
+def _busybox(root: Path) -> None:
+    _download("busybox-static", root / "busybox")
+
+
+# ---- the debug kernel ------------------------------------------------------------------
+
+DEBUG_CONFIG = """\
+CONFIG_LOCALVERSION="-kmlc-debug"
+# CONFIG_LOCALVERSION_AUTO is not set
+CONFIG_64BIT=y
+CONFIG_SMP=y
+CONFIG_NR_CPUS=8
+CONFIG_PREEMPT=y
+CONFIG_HIGH_RES_TIMERS=y
+CONFIG_PRINTK=y
+CONFIG_PRINTK_TIME=y
+CONFIG_MULTIUSER=y
+CONFIG_SYSVIPC=y
+CONFIG_POSIX_TIMERS=y
+CONFIG_FUTEX=y
+CONFIG_EPOLL=y
+CONFIG_SIGNALFD=y
+CONFIG_TIMERFD=y
+CONFIG_EVENTFD=y
+CONFIG_SHMEM=y
+CONFIG_AIO=y
+CONFIG_FILE_LOCKING=y
+CONFIG_TTY=y
+CONFIG_SERIAL_8250=y
+CONFIG_SERIAL_8250_CONSOLE=y
+CONFIG_BLK_DEV_INITRD=y
+CONFIG_RD_GZIP=y
+CONFIG_BINFMT_ELF=y
+CONFIG_BINFMT_SCRIPT=y
+CONFIG_DEVTMPFS=y
+CONFIG_PROC_FS=y
+CONFIG_PROC_SYSCTL=y
+CONFIG_SYSFS=y
+CONFIG_TMPFS=y
+CONFIG_KALLSYMS=y
+CONFIG_MODULES=y
+CONFIG_MODULE_UNLOAD=y
+# CONFIG_MODULE_SIG is not set
+CONFIG_JUMP_LABEL=y
+CONFIG_KPROBES=y
+CONFIG_FTRACE=y
+CONFIG_FUNCTION_TRACER=y
+CONFIG_DYNAMIC_FTRACE=y
+CONFIG_KPROBES_ON_FTRACE=y
+CONFIG_DEBUG_FS=y
+CONFIG_BLOCK=y
+CONFIG_BLK_DEV=y
+CONFIG_BLK_DEV_NULL_BLK=m
+CONFIG_CONFIGFS_FS=m
+CONFIG_MD=y
+CONFIG_BLK_DEV_DM=m
+CONFIG_DM_FLAKEY=m
+CONFIG_DM_DELAY=m
+CONFIG_EXT4_FS=m
+CONFIG_CRYPTO=y
+CONFIG_CRYPTO_CRC32C=y
+CONFIG_CRYPTO_MD5=y
+CONFIG_CRYPTO_SHA256=y
+CONFIG_NET=y
+CONFIG_INET=y
+CONFIG_UNIX=y
+CONFIG_NETWORK_FILESYSTEMS=y
+CONFIG_NFS_FS=m
+CONFIG_NFS_V4=m
+CONFIG_NFS_V4_1=y
+CONFIG_NFS_V4_2=y
+CONFIG_NFSD=m
+CONFIG_NFSD_V4=y
+CONFIG_CGROUPS=y
+CONFIG_MEMCG=y
+CONFIG_DEBUG_KERNEL=y
+CONFIG_DEBUG_INFO_NONE=y
+CONFIG_PROVE_LOCKING=y
+CONFIG_DEBUG_ATOMIC_SLEEP=y
+CONFIG_DEBUG_PREEMPT=y
+CONFIG_KASAN=y
+CONFIG_KASAN_GENERIC=y
+CONFIG_KASAN_INLINE=y
+CONFIG_UBSAN=y
+CONFIG_UBSAN_BOUNDS=y
+CONFIG_UBSAN_SHIFT=y
+CONFIG_KFENCE=y
+"""
+
+
+def debug_build_dir() -> Path:
+    return cache_dir() / "kernel-build" / "debug"
+
+
+def _make(tree: Path, build: Path, *targets, env=None, log=print) -> None:
+    cmd = ["make", "-C", str(tree), f"O={build}", "ARCH=x86_64",
+           f"-j{os.cpu_count() or 1}", *targets]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if res.returncode:
+        tail = "\n".join((res.stdout + res.stderr).splitlines()[-15:])
+        raise KmlcError(f"building the debug kernel failed ({' '.join(targets)}):\n{tail}")
+
+
+def debug_kernel(log=print) -> Kernel:
+    """The debug kernel: built from the cached 6.1 source on first use
+    (about 15 minutes on 2 cores), then reused while the source and
+    DEBUG_CONFIG stay the same."""
+    for tool in ("make", "gcc", "flex", "bison", "bc", "depmod"):
+        if not shutil.which(tool):
+            raise KmlcError(f"{tool} is not installed; run the README's setup command")
+    tree = source_tree(log=log)
+    build = debug_build_dir()
+    source = (cache_dir() / "linux-source-6.1.stamp").read_text()
+    ident = hashlib.sha256(DEBUG_CONFIG.encode() + source.encode()).hexdigest()
+    stamp = build / ".kmlc-stamp"
+    with locked("debug-kernel"):
+        if not stamp.is_file() or stamp.read_text() != ident:
+            log(f"kmlc: building the debug kernel (lockdep, KASAN, UBSAN, KFENCE) in {build} "
+                "(once; about 15 minutes on 2 cores)")
+            # a configuration change rebuilds what it changes; another source, everything
+            if not (build / ".kmlc-source").is_file() or \
+                    (build / ".kmlc-source").read_text() != source:
+                shutil.rmtree(build, ignore_errors=True)
+            build.mkdir(parents=True, exist_ok=True)
+            (build / ".kmlc-source").write_text(source)
+            frag = build / "kmlc.config"
+            frag.write_text(DEBUG_CONFIG)
+            env = dict(os.environ, KCONFIG_ALLCONFIG=str(frag))
+            _make(tree, build, "alldefconfig", env=env, log=log)
+            _check_config(build / ".config")
+            _make(tree, build, "bzImage", "modules", log=log)
+            release = release_of(build)
+            root = cache_dir() / "qemu" / release
+            shutil.rmtree(root, ignore_errors=True)
+            (root / "image" / "boot").mkdir(parents=True)
+            shutil.copyfile(build / "arch/x86/boot/bzImage",
+                            root / "image" / "boot" / f"vmlinuz-{release}")
+            shutil.copyfile(build / ".config", root / "image" / "boot" / f"config-{release}")
+            _make(tree, build, "modules_install", f"INSTALL_MOD_PATH={root / 'image'}",
+                  "INSTALL_MOD_STRIP=1", log=log)
+            _busybox(root)
+            (root / "ok").write_text(release + "\n")
+            stamp.write_text(ident)
+    release = release_of(build)
+    return Kernel("debug", build, release, cache_dir() / "qemu" / release, memory="1G",
+                  debug=True)
+
+
+def _check_config(config: Path) -> None:
+    """Every option of DEBUG_CONFIG made it into the configuration (Kconfig
+    drops what a dependency rules out, silently)."""
+    have = config.read_text().splitlines()
+    missing = [ln for ln in DEBUG_CONFIG.splitlines()
+               if ln.startswith("CONFIG_") and ln not in have]
+    if missing:
+        raise KmlcError("the debug kernel's configuration lacks " + ", ".join(missing),
+                        where=str(config))
