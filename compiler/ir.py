@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import string
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -268,6 +269,30 @@ def fresh_namer(g: Graph | None = None, taken: Iterable[str] = ()):
         return name
 
     return fresh
+
+
+# Printable ASCII that means nothing special in a C comment or string
+# literal; '*' and '/' together end or open a comment, '"' and '\\' end or
+# escape a string, '?' starts trigraphs.
+_C_TEXT_SAFE = frozenset(string.ascii_letters + string.digits + " _.,:;+-=<>()[]{}#@!$%&^|~'/")
+
+
+def c_text(name: str, limit: int = 64) -> str:
+    """``name`` (an ONNX node or tensor name, a file name) as pure-ASCII text
+    that is safe inside a C comment and inside a C string literal: every
+    character outside a plain printable set, and every '*', '"', '\\' and
+    '?', is written as the three-digit octal escapes of its UTF-8 bytes
+    (which a string literal decodes back to the same bytes).  Controls,
+    newlines and bidi overrides so never reach the C.  Past ``limit``
+    characters of output the rest is cut to "..." (never inside an escape)."""
+    out, n = [], 0
+    for c in name:
+        t = c if c in _C_TEXT_SAFE else "".join(f"\\{b:03o}" for b in c.encode())
+        if n + len(t) > limit:
+            return "".join(out) + "..."
+        out.append(t)
+        n += len(t)
+    return "".join(out)
 
 
 def c_identifier(name: str, default: str = "t") -> str:

@@ -113,8 +113,8 @@ def multiplier(scale: float, max_abs_acc: int, mult_bits: int = 31) -> tuple[int
     """(mult, shift) with mult / 2^shift ~= scale, mult < 2^mult_bits, and
     max_abs_acc * mult < 2^63 so that ``requant`` is exact.  The multiplier
     keeps as many bits as both limits allow; shift stays in [0, 62]."""
-    if scale <= 0:
-        raise ValueError(f"scale must be positive, got {scale}")
+    if not (np.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale {scale:.6g} is not a positive finite number")
     headroom = 63 - max(int(max_abs_acc), 1).bit_length()
     bits = max(1, min(mult_bits, headroom))
     e = int(np.floor(np.log2(scale)))          # scale in [2^e, 2^(e+1))

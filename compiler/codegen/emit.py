@@ -14,7 +14,7 @@ import jinja2
 import numpy as np
 
 from .. import __version__
-from ..ir import c_identifier
+from ..ir import c_identifier, c_text
 from ..schedule import Buffer, Kernel, Program
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -86,6 +86,15 @@ def nest(body: str, loops, depth: int = 1) -> str:
 
 def width(line: str) -> int:
     return len(line.expandtabs(8))
+
+
+def ccomment(text: str, limit: int = 100) -> str:
+    """``text`` as a C comment: ``/* text */`` when that fits in ``limit``
+    columns, else a block comment wrapped at word boundaries."""
+    if width(f"/* {text} */") <= limit:
+        return f"/* {text} */"
+    lines = textwrap.wrap(text, limit - 6, break_long_words=False, break_on_hyphens=False)
+    return "\n".join(["/*"] + [f" * {ln}" for ln in lines] + [" */"])
 
 
 def cwrap(line: str, limit: int = 100) -> str:
@@ -290,7 +299,8 @@ def environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined)
     env.filters.update(nest=nest, cfloat=cfloat, wrap_list=wrap_list, cwrap=cwrap,
-                       macro_init=macro_init, positional=positional)
+                       macro_init=macro_init, positional=positional, ctext=c_text,
+                       ccomment=ccomment)
     env.globals.update(cfloat=cfloat, idx=idx, at=at, act_call=act_call, params=params,
                        arg=arg, matmul_view=matmul_view, loop_vars=loop_vars, loops_zero=loops_zero,
                        initializer=initializer, u32_hex=u32_hex, version=__version__,
@@ -304,8 +314,34 @@ def environment() -> jinja2.Environment:
 # --------------------------------------------------------------------------
 
 def macro(name: str) -> str:
-    """A source tensor name as part of a C macro name."""
-    return c_identifier(name, "T").upper()
+    """A source tensor name as part of a C macro name (at most 24
+    characters of it; port_macros keeps them distinct)."""
+    return c_identifier(name, "T").upper()[:24].rstrip("_")
+
+
+# What model.h defines after KML_<NAME>_ besides the ports' offsets
+HEADER_MACROS = {"IN_ELEMS", "OUT_ELEMS", "WORKSPACE_BYTES", "WORKSPACE_ALIGN", "WEIGHT_BYTES",
+                 "IN_FRAC_BITS", "IN_MIN", "IN_MAX"}
+
+
+def port_macros(prog: Program) -> dict[str, list[str]]:
+    """Each port's macro, KML_<NAME>_ + IN_<port> or OUT_<port>, in port
+    order: distinct from each other and from every other macro model.h
+    defines (an output's _ZERO_POINT and _SCALE included), so that ports
+    whose names spell the same macro (``y`` and ``Y``, ``é`` and ``ü``, an
+    output listed twice, an input named ``ELEMS``) get _2, _3... in order."""
+    taken, out = set(HEADER_MACROS), {"in": [], "out": []}
+    for role, ports, extra in (("in", prog.inputs, ()),
+                               ("out", prog.outputs, ("_ZERO_POINT", "_SCALE"))):
+        for p in ports:
+            base = f"{role.upper()}_{macro(p.name)}"
+            m, i = base, 1
+            while {m, *(m + e for e in extra)} & taken:
+                i += 1
+                m = f"{base}_{i}"
+            taken |= {m, *(m + e for e in extra)}
+            out[role].append(m)
+    return out
 
 
 def core_name(prog: Program) -> str:
@@ -322,8 +358,8 @@ def fixed_interface(prog: Program) -> dict | None:
     for p in prog.inputs:
         for key in ("frac_bits", "lo", "hi"):
             enc[key] += q.inputs[p.buffer.value][key]
-    for p in prog.outputs:
-        enc["outputs"].append(dict(q.outputs[p.buffer.value], name=p.name, macro=macro(p.name)))
+    for p, m in zip(prog.outputs, port_macros(prog)["out"]):
+        enc["outputs"].append(dict(q.outputs[p.buffer.value], name=p.name, macro=m))
     return enc
 
 
@@ -336,12 +372,12 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
                      else set()))
     return {
         "prog": prog, "name": name, "NAME": name.upper(), "module": f"kml_{name}",
-        "source": source, "sha256": sha256, "plan": prog.plan,
+        "source": c_text(source), "sha256": sha256, "plan": prog.plan,
         "temps": sorted(prog.buffers("temp"), key=lambda b: b.offset),
         "consts": prog.buffers("const"),
         "live": {r.name: (r.start, r.end) for r in prog.plan.requests},
         "user_cflags": user_cflags, "fixed": fixed, "core": core_name(prog),
-        "io": "s32" if fixed else "float", "luts": luts, "encoding": fixed_interface(prog),
+        "io": "s32" if fixed else "float", "luts": luts, "ports": port_macros(prog), "encoding": fixed_interface(prog),
         "hooks": list(getattr(prog, "hooks", ()) or ()), **binding_context(prog),
     }
 

@@ -29,8 +29,11 @@ S32_MAX = 2**31 - 1
 S64_LIMIT = 2**62  # keep accumulators well clear of the s64 edge
 
 
-def _mults(scales, bound: int) -> tuple[list[int], list[int]]:
-    pairs = [multiplier(float(s), bound) for s in np.atleast_1d(scales)]
+def _mults(op: Op, scales, bound: int) -> tuple[list[int], list[int]]:
+    try:
+        pairs = [multiplier(float(s), bound) for s in np.atleast_1d(scales)]
+    except ValueError as e:      # a scale that is not finite, positive and < 2^30
+        _fail(op, f"{e}; fixed point cannot requantize it (compile with --numerics float)")
     return [m for m, _ in pairs], [s for _, s in pairs]
 
 
@@ -61,9 +64,9 @@ def bound_ranges(g: Graph) -> Graph:
             a["acc"] = acc
             a["acc_bound"] = worst
             op.inputs[2] = const(b.name, b.data.astype(I32.np if acc == "i32" else I64.np))
-            a["mult"], a["shift"] = _mults(a["scale"], worst)
+            a["mult"], a["shift"] = _mults(op, a["scale"], worst)
             if "scale_neg" in a:
-                a["mult_neg"], a["shift_neg"] = _mults(a["scale_neg"], worst)
+                a["mult_neg"], a["shift_neg"] = _mults(op, a["scale_neg"], worst)
             out = (a["lo"], a["hi"]) if a["mode"] == "clamp" else \
                 ((0, 32767) if a["fn"] == "sigmoid" else (-32767, 32767))
         elif op.kind == "qact":
@@ -71,7 +74,7 @@ def bound_ranges(g: Graph) -> Graph:
                 out = (max(xl, a["lo"]), min(xh, a["hi"]))
             else:
                 dev = max(abs(xl - a["zp"]), abs(xh - a["zp"]))
-                (m,), (s,) = _mults(a["scale"], dev)
+                (m,), (s,) = _mults(op, a["scale"], dev)
                 a["mult"], a["shift"] = m, s
                 out = (-32768, 32767) if a["mode"] == "leaky" else \
                     ((0, 32767) if a["fn"] == "sigmoid" else (-32767, 32767))
@@ -79,7 +82,7 @@ def bound_ranges(g: Graph) -> Graph:
             n = x.type.shape[a["axis"] % len(x.type.shape)]
             if n >= 65536:
                 _fail(op, f"softmax over {n} values: the Q0.15 sum needs n < 65536")
-            (m,), (s,) = _mults(a["scale"], xh - xl)
+            (m,), (s,) = _mults(op, a["scale"], xh - xl)
             a["mult"], a["shift"] = m, s
             out = (0, 32767)
         elif op.kind == "argmax":

@@ -35,6 +35,12 @@ from ..qmath import LUT_FUNCS, round_shift
 
 INT8_SQNR_DB = 60.0
 MARGIN = 0.25
+# A bias takes at most 2^BIAS_BITS accumulator steps: past that the weight
+# step of its channel grows (the weights' share is negligible beside the
+# bias), so that requantization keeps at least 63 - 42 = 21 multiplier bits.
+# A bias whose weights are all zero takes 2^ZERO_COLUMN_BITS steps.
+BIAS_BITS = 40
+ZERO_COLUMN_BITS = 30
 SUPPORTED_FIXED = ("dense (MatMul/Gemm + bias)", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh",
                    "Softmax", "ArgMax", "Reshape/Flatten/Identity")
 
@@ -84,6 +90,11 @@ def _fail(op: Op, msg: str):
                     f"fixed point compiles {', '.join(SUPPORTED_FIXED)}")
 
 
+def _check_alpha(op: Op, alpha: float) -> None:
+    if not alpha > 0:
+        _fail(op, f"LeakyRelu with alpha {alpha:.6g} (fixed point needs alpha > 0)")
+
+
 def choose_frac_bits(lo: np.ndarray, hi: np.ndarray) -> list[int]:
     """Largest F in [0, 30] with max(|lo|, |hi|) * 2^F <= 2^30."""
     mag = np.maximum(np.maximum(np.abs(lo), np.abs(hi)), 1e-30)
@@ -126,12 +137,60 @@ def quantize_weights(w: np.ndarray, bits: int):
     return q, step
 
 
+def rescale_for_bias(wq: np.ndarray, sw: np.ndarray, wf: np.ndarray, bias: np.ndarray,
+                     sx: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per output channel, a weight step at which the bias is an integer of
+    at most 2^BIAS_BITS accumulator steps (a coarser step, and weights
+    requantized at it, when the bias dwarfs the weights: tiny weights, a
+    huge bias), and at which a bias whose weights are all zero keeps
+    2^ZERO_COLUMN_BITS steps of precision instead of rounding to nothing."""
+    wq, sw = wq.copy(), sw.astype(np.float64).copy()
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        steps = np.abs(bias) / (sx * sw)
+    big = ~(steps <= 2.0 ** BIAS_BITS)
+    zero = ~wq.any(axis=0) & (bias != 0)
+    for n in np.flatnonzero(big | zero):
+        sw[n] = abs(float(bias[n])) / (sx * 2.0 ** (BIAS_BITS if big[n] else ZERO_COLUMN_BITS))
+        wq[:, n] = np.round(wf[:, n] / sw[n])       # |wq| only shrinks: the step grew
+    return wq, sw
+
+
+def exact_bias(op: Op, bias: np.ndarray, sa: np.ndarray, zx: int, wq: np.ndarray) -> np.ndarray:
+    """The integer biases at accumulator scales ``sa``, the input zero
+    point's term folded in: exact integers (Python ints), which must fit
+    the s64 accumulator with room for the sums."""
+    out = []
+    for n in range(len(bias)):
+        r = float(bias[n]) / float(sa[n]) if sa[n] > 0 else float("inf")
+        if not np.isfinite(r):
+            raise KmlcError(f"node {' + '.join(op.origin) or op.kind}: bias {bias[n]:.6g} of "
+                            f"output {n} has no integer value at its accumulator scale "
+                            f"{sa[n]:.6g} with --numerics fixed")
+        out.append(int(round(r)) - zx * int(wq[:, n].sum()))
+    if max(map(abs, out), default=0) >= 2**62:
+        raise KmlcError(f"node {' + '.join(op.origin) or op.kind}: a bias does not fit the "
+                        "64-bit accumulator with --numerics fixed")
+    return np.array(out, dtype=np.int64)
+
+
 def sqnr_db(ref: np.ndarray, approx: np.ndarray) -> float:
     noise = np.sum((ref - approx) ** 2)
     signal = np.sum(ref ** 2)
     if noise == 0:
         return float("inf")
     return float(10 * np.log10(max(signal, 1e-300) / noise))
+
+
+def clip_bounds(q: QParams, mn: float, mx: float) -> tuple[int, int]:
+    """Clip(min=mn, max=mx) on int16 values of scale and zero point ``q``:
+    the clamp bounds [lo, hi] inside int16, with ONNX's rule that max wins
+    when mn > mx (y = min(max(x, mn), mx)), so lo <= hi always."""
+    def at(v: float) -> int:
+        r = q.zp + v / q.scale
+        return int(min(max(round(r), -32768), 32767)) if np.isfinite(r) else \
+            (32767 if r > 0 else -32768)
+    hi = at(mx)
+    return min(at(mn), hi), hi
 
 
 def activation_params(lo: float, hi: float, margin: float) -> QParams:
@@ -213,8 +272,9 @@ class _Quantizer:
             sx, zx = qx.scale, qx.zp
         wf = wf * op.attrs.get("alpha", 1.0)
         wq, sw, bits = self.weights(op, wf, xs)
+        wq, sw = rescale_for_bias(wq, sw, wf, bias, sx)
         sa = sx * sw                                   # accumulator scale per channel
-        bq = np.round(bias / sa).astype(np.int64) - zx * wq.sum(axis=0)
+        bq = exact_bias(op, bias, sa, zx, wq)
         act = op.attrs["act"]
         params = op.attrs.get("act_params", {})
         if act in LUT_FUNCS:
@@ -226,12 +286,12 @@ class _Quantizer:
             if act == "relu":
                 lo = q.zp
             elif act == "clip":
-                lo = max(lo, q.zp + int(round(params["min"] / q.scale)))
-                hi = min(hi, q.zp + int(round(params["max"] / q.scale)))
-            q = QParams(q.scale, q.zp, lo, max(lo, hi))
+                lo, hi = clip_bounds(q, params["min"], params["max"])
+            q = QParams(q.scale, q.zp, lo, hi)
             attrs = {"mode": "clamp", "scale": (sa / q.scale).tolist(), "zp": q.zp,
                      "lo": q.lo, "hi": q.hi}
             if act == "leaky_relu":
+                _check_alpha(op, params["alpha"])
                 attrs["scale_neg"] = (params["alpha"] * sa / q.scale).tolist()
         attrs["shape"] = list(op.output.type.shape)
         wconst = const(self.fresh(f"{w.name}_q{bits}"),
@@ -261,11 +321,19 @@ class _Quantizer:
             q = QParams(qx.scale, qx.zp, max(qx.lo, qx.zp), max(qx.hi, qx.zp))
             attrs = {"mode": "clamp", "lo": q.lo, "hi": q.hi}
         elif kind == "clip":
-            lo = max(qx.lo, qx.zp + int(round(op.attrs["min"] / qx.scale)))
-            hi = min(qx.hi, qx.zp + int(round(op.attrs["max"] / qx.scale)))
-            q = QParams(qx.scale, qx.zp, lo, max(lo, hi))
-            attrs = {"mode": "clamp", "lo": q.lo, "hi": q.hi}
+            mn, mx = op.attrs["min"], op.attrs["max"]
+            top, bottom = (32767 - qx.zp) * qx.scale, (-32768 - qx.zp) * qx.scale
+            if min(mn, mx) > top or mx < bottom:
+                raise KmlcError(f"node {' + '.join(op.origin)}: Clip to [{mn:.6g}, {mx:.6g}] "
+                                f"lies outside [{bottom:.6g}, {top:.6g}], what its input's int16 "
+                                "encoding can hold, so with --numerics fixed its output cannot "
+                                "be represented; compile with --numerics float")
+            lo, hi = clip_bounds(qx, mn, mx)
+            # y = clamp(x, lo, hi) is monotone: x in [qx.lo, qx.hi] maps onto
+            q = QParams(qx.scale, qx.zp, min(max(qx.lo, lo), hi), min(max(qx.hi, lo), hi))
+            attrs = {"mode": "clamp", "lo": lo, "hi": hi}
         elif kind == "leaky_relu":
+            _check_alpha(op, op.attrs["alpha"])
             q = QParams(qx.scale, qx.zp)
             attrs = {"mode": "leaky", "zp": qx.zp, "scale": float(op.attrs["alpha"])}
         else:

@@ -1,0 +1,204 @@
+"""Valid but odd models compile to C that builds warning-free and computes
+what onnxruntime computes (the oracle): the simplest shapes, the ones a
+generated kernel's special cases meet first."""
+import re
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from conftest import make_model
+from kmlc.api import compile as kcompile, load, lower_model
+from kmlc.errors import KmlcError
+from kmlc.verify import reference_outputs
+
+
+def dense(k, n, *, bias, act, gemm, seed=0):
+    """y = act(x[1,k] W[k,n] (+ b)) as one MatMul (and Add) or one Gemm."""
+    rng = np.random.default_rng(seed)
+    inits = {"W": rng.normal(size=(k, n)).astype(np.float32)}
+    if gemm:
+        ins = ["x", "W"] + (["b"] if bias else [])
+        nodes = [helper.make_node("Gemm", ins, ["h"], name="fc")]
+    else:
+        nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm")]
+        nodes.append(helper.make_node("Add", ["m", "b"], ["h"], name="add") if bias
+                     else helper.make_node("Identity", ["m"], ["h"], name="id"))
+    if bias:
+        inits["b"] = rng.normal(size=n).astype(np.float32)
+    nodes.append(helper.make_node(act, ["h"], ["y"], name="act") if act
+                 else helper.make_node("Identity", ["h"], ["y"], name="out"))
+    return make_model(nodes, [("x", [1, k])], [("y", [1, n])], inits)
+
+
+@pytest.mark.parametrize("numerics", ["float", "fixed"])
+@pytest.mark.parametrize("gemm", [False, True], ids=["matmul", "gemm"])
+@pytest.mark.parametrize("act", [None, "Relu"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_dense_layers_of_every_width(tmp_path, numerics, gemm, act, bias):
+    """One dense layer, 1..9 outputs from 3 or 1 inputs, with and without a
+    bias and an activation: the twin builds with no warning (kmlc refuses a
+    warning) and matches onnxruntime on 64 rows."""
+    rng = np.random.default_rng(1)
+    for n in range(1, 10):
+        k = 3 if n % 2 else 1
+        path = tmp_path / f"d{n}.onnx"
+        onnx.save(dense(k, n, bias=bias, act=act, gemm=gemm, seed=n), path)
+        x = rng.uniform(-2, 2, (64, k)).astype(np.float32)
+        kcompile(path, tmp_path / f"o{n}", targets="user", numerics=numerics,
+                 **({"calibration": x} if numerics == "fixed" else {}))
+        y, ref = load(tmp_path / f"o{n}").run(x), reference_outputs(path, lower_model(path), x)
+        tol = 1e-5 if numerics == "float" else 2e-2 * max(1.0, np.abs(ref).max())
+        assert np.abs(y - ref).max() <= tol, (k, n, np.abs(y - ref).max())
+
+
+# Names a model may carry: comment and string delimiters, escapes,
+# trigraphs, format directives, bidi overrides, newlines, non-ASCII letters
+# that spell one macro, case twins, leading digits, a very long name.
+HOSTILE = ["in*/x", "a*/b", "/*", "*/", "//c", "\u202eevil", "é", "ü", "a\nb", 'q"u', "b\\s",
+           "??=", "%s%n", " ", "9lives", "n" * 300, "\t", "y", "Y", "ELEMS"]
+
+
+def hostile_model():
+    """Every HOSTILE name as an input, an output, a node and a weight; the
+    outputs include names whose C macros coincide and one listed twice."""
+    h = iter(HOSTILE)
+    x, w, b, g, hid = next(h), next(h), next(h), next(h), next(h)
+    outs = [next(h) for _ in range(len(HOSTILE) - 5)]
+    nodes = [helper.make_node("Gemm", [x, w, b], [hid], name=g)]
+    for i, o in enumerate(outs):
+        nodes.append(helper.make_node(("Relu", "Sigmoid", "Tanh")[i % 3], [hid], [o], name=o + "*/"))
+    rng = np.random.default_rng(0)
+    m = make_model(nodes, [(x, [1, 3])], [(o, [1, 4]) for o in outs + outs[:1]],
+                   {w: rng.normal(size=(3, 4)).astype(np.float32),
+                    b: rng.normal(size=4).astype(np.float32)}, name="g*/\u202e")
+    return m
+
+
+@pytest.mark.parametrize("numerics", ["float", "fixed"])
+def test_hostile_names_reach_c_escaped(tmp_path, numerics):
+    """A model whose every name is hostile compiles: the twin builds with no
+    warning and matches onnxruntime, the module builds with W=1 and no
+    warning, the kernel C is checkpatch --strict clean, every generated C
+    and build file is ASCII, and the header gives each port its own offset macro."""
+    import kernel_c
+    from kmlc.targets import kernel
+
+    path = tmp_path / "h*\u202e.onnx"
+    onnx.save(hostile_model(), path)
+    x = np.random.default_rng(2).uniform(-2, 2, (64, 3)).astype(np.float32)
+    out = tmp_path / "out"
+    kcompile(path, out, name="hostile", numerics=numerics,
+             **({"calibration": x} if numerics == "fixed" else {}))
+    ref = reference_outputs(path, lower_model(path, name="hostile"), x)
+    tol = 1e-5 if numerics == "float" else 2e-2
+    assert np.abs(load(out).run(x) - ref).max() <= tol
+    for f in out.rglob("*"):
+        if f.suffix in (".c", ".h") or f.name in ("Kbuild", "Kconfig", "Makefile"):
+            assert f.read_bytes().isascii(), f
+    header = (out / "kernel" / "hostile.h").read_text()
+    defines = re.findall(r"^#define (\w+)", header, re.M)
+    assert len(set(defines)) == len(defines)
+    offsets = [d for d in defines if re.fullmatch(r"KML_HOSTILE_(IN|OUT)_\w+", d)
+               and not d.endswith(("_ZERO_POINT", "_SCALE", "_FRAC_BITS", "_MIN", "_MAX"))]
+    assert len(offsets) == 2 + 1 + (len(HOSTILE) - 5) + 1  # ELEMS x2, x, outputs, one twice
+    kernel.build_module(out / "kernel")        # raises on any warning
+    kernel_c.check_checkpatch_clean(out / "kernel", strict=True)
+
+
+@pytest.mark.parametrize("numerics", ["float", "fixed"])
+@pytest.mark.parametrize("fused", [True, False], ids=["after-dense", "after-relu"])
+@pytest.mark.parametrize("bounds", [(1.0, -1.0), (5.0, 9.0), (-9.0, -5.0), (-1e30, 1e30)],
+                         ids=["min>max", "above", "below", "huge"])
+def test_clip_follows_onnx(tmp_path, numerics, fused, bounds):
+    """Clip is min(max(x, min), max) as onnxruntime computes it: max wins
+    when min > max, bounds past every value (or past int16) saturate, in
+    both numerics, fused into a dense layer or on its own."""
+    rng = np.random.default_rng(3)
+    inits = {"W": rng.normal(size=(3, 4)).astype(np.float32),
+             "lo": np.float32(bounds[0]), "hi": np.float32(bounds[1])}
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm")]
+    if not fused:
+        nodes.append(helper.make_node("Relu", ["h"], ["h2"], name="relu"))
+    nodes.append(helper.make_node("Clip", ["h" if fused else "h2", "lo", "hi"], ["y"],
+                                  name="clip"))
+    path = tmp_path / "clip.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3])], [("y", [1, 4])], inits), path)
+    x = rng.uniform(-3, 3, (64, 3)).astype(np.float32)
+    opts = {"calibration": x} if numerics == "fixed" else {}
+    if numerics == "fixed" and not fused and bounds[1] < 0:
+        # a constant below what the ReLU's int16 encoding holds: refused
+        with pytest.raises(KmlcError, match=r"node clip \(Clip\): Clip to .* outside"):
+            kcompile(path, tmp_path / "o", targets="user", numerics=numerics, **opts)
+        assert not (tmp_path / "o").exists()
+        return
+    kcompile(path, tmp_path / "o", targets="user", numerics=numerics, **opts)
+    y, ref = load(tmp_path / "o").run(x), reference_outputs(path, lower_model(path), x)
+    tol = 1e-5 if numerics == "float" else 2e-2 * max(1.0, np.abs(ref).max())
+    assert np.abs(y - ref).max() <= tol, np.abs(y - ref).max()
+
+
+def two_layers(w0, b0, w1=None, b1=None):
+    """x[1,3] -> Gemm(w0 [3,4], b0) -> Relu -> Gemm(w1 [4,2], b1) -> y."""
+    rng = np.random.default_rng(4)
+    w1 = rng.normal(size=(4, 2)).astype(np.float32) if w1 is None else w1
+    b1 = rng.normal(size=2).astype(np.float32) if b1 is None else b1
+    nodes = [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], name="fc0"),
+             helper.make_node("Relu", ["h"], ["a"], name="relu"),
+             helper.make_node("Gemm", ["a", "w1", "b1"], ["y"], name="fc1")]
+    return make_model(nodes, [("x", [1, 3])], [("y", [1, 2])],
+                      {"w0": np.asarray(w0, np.float32), "b0": np.asarray(b0, np.float32),
+                       "w1": w1, "b1": b1})
+
+
+def fixed_vs_onnxruntime(tmp_path, model):
+    """The fixed twin's largest error against onnxruntime, relative to the
+    outputs' range, on 256 rows it was also calibrated on."""
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    x = np.random.default_rng(5).uniform(-2, 2, (256, 3)).astype(np.float32)
+    kcompile(path, tmp_path / "o", targets="user", numerics="fixed", calibration=x)
+    y, ref = load(tmp_path / "o").run(x), reference_outputs(path, lower_model(path), x)
+    return float(np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+B0 = [0.3, -0.2, 0.5, 0.1]
+
+
+@pytest.mark.parametrize("case", ["tiny-weights", "zero-neuron", "huge-bias", "huge-last-bias"])
+def test_fixed_point_biases_are_exact(tmp_path, case):
+    """Biases quantize in exact integer arithmetic at a scale that holds
+    them: first-layer weights of 1e-40 with ordinary biases (the bias once
+    overflowed int64), a neuron whose weights are all zero (its bias once
+    rounded to 0), a bias of 1e12 beside ordinary weights (the multiplier
+    once kept 2 bits).  Each matches onnxruntime within 1% of the range."""
+    rng = np.random.default_rng(6)
+    w0 = rng.normal(size=(3, 4)).astype(np.float32)
+    b0, b1 = np.array(B0, np.float32), None
+    if case == "tiny-weights":
+        w0 = w0 * np.float32(1e-40)
+    elif case == "zero-neuron":
+        w0[:, 2] = 0.0
+    elif case == "huge-bias":
+        b0[1] = 1e12
+    else:
+        b1 = np.array([0.5, 1e10], np.float32)
+    assert fixed_vs_onnxruntime(tmp_path, two_layers(w0, b0, b1=b1)) <= 1e-2
+
+
+def test_fixed_point_refuses_a_negative_leaky_alpha(tmp_path):
+    """LeakyRelu alpha -1 (valid ONNX) is computed in float and refused in
+    fixed point with one line naming the node, not a ValueError."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+             helper.make_node("LeakyRelu", ["h"], ["y"], name="lrelu", alpha=-1.0)]
+    path = tmp_path / "l.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3])], [("y", [1, 4])],
+                         {"W": np.random.default_rng(7).normal(size=(3, 4)).astype(np.float32)}),
+              path)
+    x = np.random.default_rng(8).uniform(-2, 2, (64, 3)).astype(np.float32)
+    kcompile(path, tmp_path / "f", targets="user")
+    assert np.abs(load(tmp_path / "f").run(x)
+                  - reference_outputs(path, lower_model(path), x)).max() <= 1e-5
+    with pytest.raises(KmlcError, match=r"lrelu.*alpha -1"):
+        kcompile(path, tmp_path / "q", targets="user", numerics="fixed", calibration=x)
