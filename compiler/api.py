@@ -7,9 +7,11 @@ OUTDIR (and never deletes a directory kmlc did not create).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -51,7 +53,7 @@ def reserved_names() -> set[str]:
 
 def check_name(name: str) -> str:
     if not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", name) or name in reserved_names():
-        raise KmlcError(f"model name '{name}' is not usable: use 1-40 lowercase letters, digits "
+        raise KmlcError(f"model name {name!r} is not usable: use 1-40 lowercase letters, digits "
                         "and '_', starting with a letter (and not a kml_* runtime header name)")
     return name
 
@@ -83,6 +85,20 @@ def golden_inputs(in_elems: int, count: int, seed: int, data: np.ndarray | None)
     rows = rng.standard_normal((count, in_elems)) * scales[np.arange(count) % len(scales), None]
     rows[0] = 0.0
     return rows.astype(np.float32)
+
+
+def check_shapes(graph, max_workspace_bytes: int) -> None:
+    """Before anything is lowered or allocated: every tensor a call computes
+    or takes (inputs, outputs, intermediates) fits the per-call budget, so
+    a huge declared dimension or a fixed batch of a million rows is refused
+    at once rather than built."""
+    values = list(graph.inputs) + [v for op in graph.ops for v in op.outputs]
+    for v in values:
+        if v.type.nbytes > max_workspace_bytes:
+            raise KmlcError(f"tensor '{graph.source_name(v)}' ({v.type}, {v.type.nbytes} B) is "
+                            f"over the kernel budget of {max_workspace_bytes} B per call (a "
+                            "leading dimension is one sample per call: make it 1 or symbolic); "
+                            "raise it with --max-workspace-bytes")
 
 
 def check_budget(prog: Program, max_weight_bytes: int, max_workspace_bytes: int) -> None:
@@ -162,6 +178,7 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
     _check_outdir(outdir)
     imported = import_model(model, example_inputs, params=params,
                             name=check_name(name) if name else None)
+    check_shapes(imported.graph, max_workspace_bytes)
     prog = lower_model(imported.graph, numerics=numerics, print_after=print_after,
                        calibration=calibration, weight_bits=weight_bits,
                        input_frac_bits=input_frac_bits, input_margin=input_margin)
@@ -243,15 +260,29 @@ HOOK_HEADERS = {"kml_hook.h", "kml_features.h", "kml_admit_trace.h", "kml_ra_tra
 
 
 def _replace(tmp: Path, outdir: Path) -> None:
+    """The finished ``tmp`` becomes ``outdir``, the previous one removed.
+    SIGINT and SIGTERM wait until both renames are done (a signal between
+    them would leave no OUTDIR at all)."""
     if outdir.exists():
         _check_outdir(outdir)
         old = outdir.with_name(f".{outdir.name}.kmlc-old")
         shutil.rmtree(old, ignore_errors=True)
-        outdir.rename(old)
-        tmp.rename(outdir)
+        with _signals_held():
+            outdir.rename(old)
+            tmp.rename(outdir)
         shutil.rmtree(old)
     else:
         tmp.rename(outdir)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> dict:

@@ -60,6 +60,17 @@ def calibrate(g: Graph, data: np.ndarray) -> Calibration:
         for v in g.inputs:
             parts.append(row[off:off + v.type.numel].reshape(v.type.shape))
             off += v.type.numel
-        for v, val in run_all(g, *parts).items():
+        with np.errstate(all="ignore"):
+            values = run_all(g, *parts)
+        for v, val in values.items():
             traces.setdefault(v, []).append(np.asarray(val, dtype=np.float64).reshape(-1))
-    return Calibration(len(x), {v: np.stack(t) for v, t in traces.items()})
+    samples = {v: np.stack(t) for v, t in traces.items()}
+    for op in g.ops:                     # fixed point needs finite ranges
+        for v in op.outputs:
+            s = samples.get(v)
+            if s is not None and not np.all(np.isfinite(s)):
+                r = int(np.argwhere(~np.isfinite(s))[0][0])
+                raise KmlcError(f"node {' + '.join(op.origin) or op.kind}: calibration row {r} "
+                                "drives it to infinity or NaN in float32, so it has no range "
+                                "to quantize; scale the model or the data down")
+    return Calibration(len(x), samples)

@@ -8,7 +8,9 @@ the traceback.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -199,7 +201,11 @@ def run(outdir, input_, output):
     if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
         raise KmlcError(f"has dtype {x.dtype}; expected float32", where=input_)
     y = twin.run(x.astype(np.float32))  # fixed point: encoded, run, dequantized
-    np.save(output, y)
+    output = output if output.endswith(".npy") else output + ".npy"   # as np.save names it
+    try:
+        np.save(output, y)
+    except OSError as e:
+        raise KmlcError(f"cannot write the outputs: {e.strerror or e}", where=output) from None
     click.echo(f"kmlc: {x.shape[0]} rows -> {output} {tuple(y.shape)}")
 
 
@@ -283,19 +289,39 @@ def qemu_test(outdirs, kernel, kdir, script, timeout, log_path):
             ln for ln in res["lines"] if "PASS" not in ln and "INFO" not in ln))
 
 
+def _terminated(signum, frame):
+    """SIGTERM unwinds like SIGINT, so a compile removes its temporary
+    directory (api.compile cleans up on any BaseException)."""
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
+    signal.signal(signal.SIGTERM, _terminated)
+    # numpy's floating-point warnings never reach the user: every value that
+    # matters is checked explicitly (finite constants, attributes, rows) and
+    # refused with its location (docs/errors.md)
+    warnings.simplefilter("ignore", RuntimeWarning)
     try:
         cli.main(args=argv, prog_name="kmlc", standalone_mode=False)
         return 0
     except KmlcError as e:
-        click.echo(f"kmlc: error: {e}", err=True)
+        # one line: details (a compiler's or a kernel's output) only on request
+        lines = str(e).splitlines() or [""]
+        more = len(lines) - 1
+        if more and not os.environ.get("KMLC_DEBUG"):
+            lines = [f"{lines[0]} ({more} more line{'s' if more > 1 else ''} with KMLC_DEBUG=1)"]
+        click.echo("kmlc: error: " + "\n".join(lines), err=True)
         return 1
     except click.exceptions.Abort:
         click.echo("kmlc: aborted", err=True)
         return 130
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
+    except click.ClickException as e:     # usage: one line, exit 1 like every user error
+        ctx = getattr(e, "ctx", None)
+        where = f"{ctx.command_path}: " if ctx is not None else ""
+        hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        msg = " ".join(e.format_message().split())
+        click.echo(f"kmlc: error: {where}{msg}{hint}", err=True)
+        return 1
     except click.exceptions.Exit as e:
         return e.exit_code
     except Exception as e:  # a bug in kmlc

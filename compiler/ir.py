@@ -12,6 +12,7 @@ and a verifier (``verify``) that every pass's output is checked against.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import string
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ class TensorType:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)          # exact: declared shapes may be absurd
 
     @property
     def nbytes(self) -> int:

@@ -313,11 +313,13 @@ OPS["dense"] = OpDef("dense", _dense_infer, _dense_eval)
 #   qdense (x: i16, w [N, K] i8|i16, b [N] i32|i64) {acc, mode, mult, shift, ...}
 #       acc[n] = b[n] + x[0]*w[n,0] + x[1]*w[n,1] + ...   (exact integers)
 #       mode clamp: y = clamp(requant(acc, mult[n], shift[n]) + zp, lo, hi), and
-#                   with mult_neg/shift_neg, acc < 0 uses those (leaky relu)
+#                   with mult_neg/shift_neg, acc < 0 uses those (leaky relu),
+#                   on -acc when flip (a negative slope)
 #       mode lut:   y = f_q15(clamp(requant(acc, mult[n], shift[n]), s32))
 #   qact (x: i16) {mode, zp, ...}
 #       clamp: y = clamp(x, lo, hi)
 #       leaky: y = x >= zp ? x : clamp(zp + requant(x - zp, mult, shift), i16)
+#              (requant(zp - x, ...) when flip: a negative slope)
 #       lut:   y = f_q15(clamp(requant(x - zp, mult, shift), s32))
 #   qsoftmax (x: i16) {axis, mult, shift}: Q0.15 probabilities, see kml_fixed.h
 # All results are i16.
@@ -347,7 +349,8 @@ def _activate(v: np.ndarray, attrs: dict, mult, shift, mult_neg=None, shift_neg=
         return qmath.LUT_EVAL[attrs["fn"]](r)
     r = qmath.requant(v, mult, shift)
     if mult_neg is not None:
-        r = np.where(v < 0, qmath.requant(v, mult_neg, shift_neg), r)
+        neg = -v if attrs.get("flip") else v       # a negative slope
+        r = np.where(v < 0, qmath.requant(neg, mult_neg, shift_neg), r)
     return qmath.clamp(r + attrs["zp"], attrs["lo"], attrs["hi"])
 
 
@@ -374,7 +377,8 @@ def _qact_eval(xs, attrs):
     if attrs["mode"] == "clamp":
         return [qmath.clamp(x, attrs["lo"], attrs["hi"])]
     if attrs["mode"] == "leaky":
-        r = attrs["zp"] + qmath.requant(x - attrs["zp"], attrs["mult"], attrs["shift"])
+        d = attrs["zp"] - x if attrs.get("flip") else x - attrs["zp"]
+        r = attrs["zp"] + qmath.requant(d, attrs["mult"], attrs["shift"])
         return [np.where(x >= attrs["zp"], x, qmath.clamp(r, *S16))]
     return [_activate(x - attrs["zp"], attrs, attrs["mult"], attrs["shift"])]
 

@@ -144,6 +144,16 @@ class Importer:
             self.fail(f"opset {opset} is not supported: kmlc reads opsets {MIN_OPSET}..{newest}"
                       + (" (convert with onnx.version_converter)" if opset < MIN_OPSET else ""))
         self.opset = opset
+        if not m.graph.output:
+            self.fail("the graph has no outputs; there is nothing to compute")
+        for vi in m.graph.output:
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == 0:
+                self.fail(f"output '{vi.name}' has no element type (elem_type 0, UNDEFINED)")
+        seen = {}
+        for node in self.nodes:
+            if node.name and seen.setdefault(node.name, node) is not node:
+                self.fail(f"two nodes are named '{node.name}'; ONNX node names are unique "
+                          "(onnxruntime refuses this model too)", node)
         defined = {i.name for i in m.graph.input} | {i.name for i in m.graph.initializer}
         for node in self.nodes:
             for name in node.input:
@@ -316,7 +326,12 @@ class Importer:
     def attrs(self, node) -> dict:
         from onnx import helper
 
-        return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        out = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        for k, v in out.items():
+            vals = v if isinstance(v, (list, tuple)) else [v]
+            if any(isinstance(x, float) and not np.isfinite(x) for x in vals):
+                self.fail(f"attribute {k} = {v}: kmlc needs finite attributes", node)
+        return out
 
     def value_of(self, name: str) -> np.ndarray | None:
         """A tensor's value if it is known at compile time: a constant, or an

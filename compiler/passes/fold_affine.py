@@ -8,7 +8,8 @@ weights and bias, in float64:
     dense(x - c) = x @ w + (b - c @ w)        dense(x / c) = x @ (w / c[:, None]) + b
     dense(x + c) = x @ w + (b + c @ w)        dense(x * c) = x @ (c[:, None] * w) + b
 so normalization layers such as (x - mean) / std or min-max scaling cost
-nothing at run time.  The result equals the original function up to float
+nothing at run time.  A fold whose weights or bias would not be finite in
+float32 (a divisor of 0) is refused naming both nodes.  The result equals the original function up to float
 rounding; the float pipeline does not run this pass, because it keeps
 ONNX's exact operation order.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import KmlcError
 from ..ir import Graph, Op, const, fresh_namer
 
 
@@ -58,16 +60,22 @@ def _fold_once(g: Graph, fresh) -> bool:
         if bias.ndim == 2:
             continue  # a per-row bias: leave it alone
         alpha = d.attrs.get("alpha", 1.0)  # dense is act(alpha * x @ w + b)
-        if p.kind == "sub":
-            bias = bias - alpha * (cv @ w)
-        elif p.kind == "add":
-            bias = bias + alpha * (cv @ w)
-        elif p.kind == "mul":
-            w = cv[:, None] * w
-        else:
-            w = w / cv[:, None]
-        ins = [v, const(fresh(f"{d.inputs[1].name}_f"), w.astype(np.float32)),
-               const(fresh(f"{d.inputs[1].name}_fb"), bias.astype(np.float32))]
+        with np.errstate(all="ignore"):
+            if p.kind == "sub":
+                bias = bias - alpha * (cv @ w)
+            elif p.kind == "add":
+                bias = bias + alpha * (cv @ w)
+            elif p.kind == "mul":
+                w = cv[:, None] * w
+            else:
+                w = w / cv[:, None]
+            w32, b32 = w.astype(np.float32), bias.astype(np.float32)
+        if not (np.all(np.isfinite(w32)) and np.all(np.isfinite(b32))):
+            raise KmlcError(f"node {' + '.join(p.origin + d.origin)}: folding the "
+                            f"{p.kind} into the dense layer gives weights that are not finite "
+                            "in float32 (a divisor of 0?); fixed point needs finite weights")
+        ins = [v, const(fresh(f"{d.inputs[1].name}_f"), w32),
+               const(fresh(f"{d.inputs[1].name}_fb"), b32)]
         fused = Op("dense", ins, d.outputs, dict(d.attrs), p.origin + d.origin)
         g.ops = [fused if o is d else o for o in g.ops if o is not p]
         return True

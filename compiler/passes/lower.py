@@ -254,8 +254,8 @@ class _Lowering:
             ops["mult_neg"] = self.array("mult_neg", a["mult_neg"], U32)
             ops["shift_neg"] = self.array("shift_neg", a["shift_neg"], U8)
         ops["y"] = y
-        params = {key: a[key] for key in ("mode", "fn", "zp", "lo", "hi", "acc", "acc_bound")
-                  if key in a}
+        params = {key: a[key] for key in ("mode", "fn", "zp", "lo", "hi", "acc", "acc_bound",
+                                          "flip") if key in a}
         if a["mode"] == "clamp" and "mult_neg" not in a and a["lo"] >= a.get("zp", 0):
             # ReLU: a negative sum requantizes to at most 0, which the clamp
             # raises to lo anyway, so the sign never matters (kml_requant_relu)

@@ -91,8 +91,8 @@ def _fail(op: Op, msg: str):
 
 
 def _check_alpha(op: Op, alpha: float) -> None:
-    if not alpha > 0:
-        _fail(op, f"LeakyRelu with alpha {alpha:.6g} (fixed point needs alpha > 0)")
+    if not np.isfinite(alpha):
+        _fail(op, f"LeakyRelu with alpha {alpha}")
 
 
 def choose_frac_bits(lo: np.ndarray, hi: np.ndarray) -> list[int]:
@@ -263,6 +263,9 @@ class _Quantizer:
         bias = (op.inputs[2].data.astype(np.float64).reshape(-1) if len(op.inputs) == 3
                 else np.zeros(wf.shape[1]))
         xs = self.cal.samples[x]
+        if not (np.all(np.isfinite(wf)) and np.all(np.isfinite(bias))):
+            _fail(op, "weights or biases that are not finite (a normalization dividing by "
+                  "zero folded into them?)")
         if isinstance(qx, FirstLayer):
             bias = bias + op.attrs.get("alpha", 1.0) * (qx.centre @ wf)
             xs = (xs - qx.centre) / qx.step            # the encoded input's real steps
@@ -283,16 +286,20 @@ class _Quantizer:
         else:
             q = activation_params(*self.cal.range(op.output), self.opts.margin)
             lo, hi = -32768, 32767
-            if act == "relu":
+            if act == "relu" or (act == "leaky_relu" and params["alpha"] == 0):
                 lo = q.zp
             elif act == "clip":
                 lo, hi = clip_bounds(q, params["min"], params["max"])
             q = QParams(q.scale, q.zp, lo, hi)
             attrs = {"mode": "clamp", "scale": (sa / q.scale).tolist(), "zp": q.zp,
                      "lo": q.lo, "hi": q.hi}
-            if act == "leaky_relu":
+            if act == "leaky_relu" and params["alpha"] != 0:
+                # negative sums: |alpha| scales them, and a negative alpha
+                # flips their sign (requant is symmetric: -requant(a) = requant(-a))
                 _check_alpha(op, params["alpha"])
-                attrs["scale_neg"] = (params["alpha"] * sa / q.scale).tolist()
+                attrs["scale_neg"] = (abs(params["alpha"]) * sa / q.scale).tolist()
+                if params["alpha"] < 0:
+                    attrs["flip"] = True
         attrs["shape"] = list(op.output.type.shape)
         wconst = const(self.fresh(f"{w.name}_q{bits}"),
                        np.ascontiguousarray(wq.T).astype(I8.np if bits == 8 else I16.np))
@@ -332,10 +339,16 @@ class _Quantizer:
             # y = clamp(x, lo, hi) is monotone: x in [qx.lo, qx.hi] maps onto
             q = QParams(qx.scale, qx.zp, min(max(qx.lo, lo), hi), min(max(qx.hi, lo), hi))
             attrs = {"mode": "clamp", "lo": lo, "hi": hi}
+        elif kind == "leaky_relu" and op.attrs["alpha"] == 0:      # ReLU
+            q = QParams(qx.scale, qx.zp, max(qx.lo, qx.zp), max(qx.hi, qx.zp))
+            attrs = {"mode": "clamp", "lo": q.lo, "hi": q.hi}
         elif kind == "leaky_relu":
-            _check_alpha(op, op.attrs["alpha"])
+            alpha = op.attrs["alpha"]
+            _check_alpha(op, alpha)
             q = QParams(qx.scale, qx.zp)
-            attrs = {"mode": "leaky", "zp": qx.zp, "scale": float(op.attrs["alpha"])}
+            attrs = {"mode": "leaky", "zp": qx.zp, "scale": abs(float(alpha))}
+            if alpha < 0:
+                attrs["flip"] = True
         else:
             q = QParams(2.0 ** -15, 0, 0 if kind == "sigmoid" else -32767, 32767)
             attrs = {"mode": "lut", "fn": kind, "zp": qx.zp,

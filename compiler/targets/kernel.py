@@ -101,10 +101,13 @@ def build_module(moddir: Path, *, kdir=None, llvm: bool = False) -> Path:
     warnings = [ln for ln in log.splitlines() if "warning:" in ln]
     if res.returncode != 0:
         errors = [ln for ln in log.splitlines() if "error" in ln.lower()] or log.splitlines()
-        raise KmlcError(f"module build against {k} failed:\n" + "\n".join(errors[-15:]))
+        first = (errors or ["no output"])[0].strip()
+        raise KmlcError(f"module build against {k} failed: {first} (log: {moddir}/build.log)"
+                        "\n" + "\n".join(errors[-15:]))
     if warnings:
-        raise KmlcError(f"module build against {k} gave {len(warnings)} warning(s) "
-                        "(a kmlc bug; please report):\n" + "\n".join(warnings[:15]))
+        raise KmlcError(f"module build against {k} gave {len(warnings)} warning(s), the "
+                        f"first: {warnings[0].strip()} (a kmlc bug; please report; log: "
+                        f"{moddir}/build.log)\n" + "\n".join(warnings[:15]))
     kos = sorted(moddir.glob("*.ko"))
     if not kos:
         raise KmlcError("module build produced no .ko", where=str(moddir))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -52,9 +53,37 @@ def build_twin(userdir: Path, name: str, *, cc: str | None = None, extra=(),
     res = subprocess.run(cmd, cwd=userdir, capture_output=True, text=True)
     if res.returncode != 0 or res.stderr.strip():
         what = "failed" if res.returncode else "warned"
-        raise KmlcError(f"building the twin with {cc} {what} (a kmlc bug; please report):\n"
-                        + res.stderr.strip())
+        diag = [ln for ln in res.stderr.splitlines() if "error:" in ln or "warning:" in ln]
+        first = (diag or res.stderr.strip().splitlines() or ["no output"])[0].strip()
+        raise KmlcError(f"building the twin with {cc} {what}: {first} (a kmlc bug; please "
+                        "report)\n" + res.stderr.strip())
     return so
+
+
+SIZE_KEYS = ("in_elems", "out_elems", "workspace_bytes", "fixed")
+
+
+def read_manifest(outdir: Path) -> dict:
+    """OUTDIR/kmlc.json, checked for the fields the twin reads: one clear
+    error for a missing, unreadable, malformed or incomplete file."""
+    manifest = outdir / "kmlc.json"
+    if not manifest.is_file():
+        raise KmlcError("not a kmlc output directory (no kmlc.json)", where=str(outdir))
+    try:
+        meta = json.loads(manifest.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise KmlcError(f"cannot be read ({' '.join(str(e).split())}); recompile the model",
+                        where=str(manifest)) from None
+    want = {"name": str, "in_elems": int, "out_elems": int, "workspace_bytes": int,
+            "outputs": list}
+    bad = [k for k, t in want.items() if not isinstance(meta, dict) or not isinstance(
+        meta.get(k), t) or isinstance(meta.get(k), bool)]
+    if bad:
+        raise KmlcError(f"lacks a valid '{bad[0]}'; recompile the model", where=str(manifest))
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", meta["name"]):
+        raise KmlcError(f"names the model '{meta['name']}', not a kmlc model name",
+                        where=str(manifest))
+    return meta
 
 
 class Twin:
@@ -67,13 +96,8 @@ class Twin:
 
     def __init__(self, outdir, so: Path | None = None):
         outdir = Path(outdir)
-        manifest = outdir / "kmlc.json"
-        if not manifest.is_file():
-            raise KmlcError("not a kmlc output directory (no kmlc.json)", where=str(outdir))
-        self.meta = json.loads(manifest.read_text())
+        self.meta = read_manifest(outdir)
         self.name = self.meta["name"]
-        self.in_elems = self.meta["in_elems"]
-        self.out_elems = self.meta["out_elems"]
         so = so or outdir / "user" / f"libkml_{self.name}.so"
         if not so.is_file():
             raise KmlcError("no twin library here; compile with --target user (or all)",
@@ -84,13 +108,37 @@ class Twin:
         try:
             shutil.copyfile(so, tmp)
             self.lib = ctypes.CDLL(tmp)
+            self._batch = getattr(self.lib, f"kml_{self.name}_infer_batch")
+            sizes = list((ctypes.c_ulong * 4).in_dll(self.lib, "kml_twin_sizes"))
+        except (OSError, AttributeError, ValueError) as e:
+            why = " ".join(str(e).replace(tmp, so.name).split())
+            raise KmlcError(f"not a twin library kmlc can load ({why}); "
+                            "recompile the model", where=str(so)) from None
         finally:
             os.unlink(tmp)
+        # Buffer sizes come from the library itself; kmlc.json must agree.
+        said = [self.meta["in_elems"], self.meta["out_elems"], self.meta["workspace_bytes"],
+                int(bool(self.meta.get("fixed")))]
+        for key, lib_value, json_value in zip(SIZE_KEYS, sizes, said):
+            if lib_value != json_value:
+                raise KmlcError(f"kmlc.json says {key} = {json_value} but the twin library was "
+                                f"compiled with {lib_value}; recompile rather than edit",
+                                where=str(outdir / "kmlc.json"))
+        self.in_elems, self.out_elems, workspace = sizes[:3]
+        try:
+            elems = sum(int(port["elems"]) for port in self.meta["outputs"])
+            frac = self.fixed["frac_bits"] if self.fixed else [0] * self.in_elems
+            consistent = elems == self.out_elems and len(frac) == self.in_elems and (
+                not self.fixed or len(self.fixed["outputs"]) == len(self.meta["outputs"]))
+        except (KeyError, TypeError, ValueError):
+            consistent = False
+        if not consistent:
+            raise KmlcError("describes outputs or input encodings that do not match the twin "
+                            "library; recompile rather than edit", where=str(outdir / "kmlc.json"))
         p = ctypes.c_void_p
-        self._batch = getattr(self.lib, f"kml_{self.name}_infer_batch")
         self._batch.argtypes = [p, p, ctypes.c_ulong, p]
         self._batch.restype = ctypes.c_int
-        words = max(self.meta["workspace_bytes"], 8) // 8 + 1
+        words = max(workspace, 8) // 8 + 1
         self._workspace = np.zeros(words, dtype=np.uint64)  # 8-byte aligned
 
     @property
@@ -106,6 +154,11 @@ class Twin:
         x = self._rows(x)
         if not self.fixed:
             return x.astype(np.float32)
+        bad = ~np.isfinite(x.astype(np.float64))
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise KmlcError(f"input row {r} holds {x[r, c]} (column {c}); a fixed-point model "
+                            "takes finite values only")
         v = x.astype(np.float64) * np.ldexp(1.0, np.array(self.fixed["frac_bits"]))
         v = np.sign(v) * np.floor(np.abs(v) + 0.5)
         return np.clip(v, -2**31, 2**31 - 1).astype(np.int32)

@@ -1,5 +1,8 @@
 """Bad input gets one clear line, a non-zero exit, no traceback and no
 partial output directory."""
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -53,6 +56,32 @@ def bad_models(tmp_path):
     save("other_domain", make_model(
         [helper.make_node("FusedGemm", ["x"], ["y"], name="fg", domain="com.microsoft")],
         [("x", [1, 4])], [("y", [1, 4])]), ["fg", "com.microsoft"])
+    # constant folding that overflows or is undefined, non-finite attributes
+    for label, op, a, b in (("pow_overflow", "Pow", 3e38, 1e38), ("div_zero", "Div", 1.0, 0.0)):
+        save(label, make_model([helper.make_node(op, ["a", "b"], ["c"], name="cst"),
+                                helper.make_node("Add", ["x", "c"], ["y"], name="add")],
+                               [("x", [1, 4])], [("y", [1, 4])],
+                               {"a": np.full(4, a, np.float32), "b": np.full(4, b, np.float32)}),
+             ["cst", op, "infinity", "finite constants"])
+    save("nan_alpha", make_model([helper.make_node("LeakyRelu", ["x"], ["y"], name="lr",
+                                                   alpha=float("nan"))],
+                                 [("x", [1, 4])], [("y", [1, 4])]), ["'lr'", "alpha", "nan"])
+    # what onnxruntime refuses: no outputs, an untyped output, two nodes of one name
+    save("no_outputs", make_model([helper.make_node("Relu", ["x"], ["y"], name="r")],
+                                  [("x", [1, 4])], []), ["no outputs"])
+    save("untyped_output", make_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, [1, 4])]),
+        ["'y'", "no element type"])
+    save("duplicate_node_names", make_model(
+        [helper.make_node("Relu", ["x"], ["h"], name="r"),
+         helper.make_node("Relu", ["h"], ["y"], name="r")], [("x", [1, 4])], [("y", [1, 4])]),
+        ["two nodes are named 'r'"])
+    # declared shapes over the per-call budget: refused before anything is built
+    for label, dims in (("huge_dimension", [2147483648, 5]), ("fixed_batch", [1000000, 4])):
+        save(label, make_model([helper.make_node("Relu", ["x"], ["y"], name="r")],
+                               [("x", dims)], [("y", dims)]),
+             ["'x'", f"{dims[0]},{dims[1]}", "budget", "--max-workspace-bytes"])
     return cases
 
 
@@ -135,16 +164,133 @@ def test_failed_recompile_keeps_previous_output(tmp_path):
     (["build", "{out}", "--llvm", "--kdir", "{kdir}"], ["not configured with clang", "LLVM=1"]),
     (["qemu-test", "{out}", "{out}"], ["two models build the module kml_m", "--name"]),
     (["qemu-test", "{tmp}"], ["kmlc.json", "{tmp}"]),
+    # click's own usage errors: one line, exit 1, naming the command
+    (["run", "{out}", "--output", "{y}"], ["kmlc run", "--input", "--help"]),
+    (["run", "{out}", "--input", "{good}", "--output", "{tmp}"], ["--output", "directory"]),
+    (["compile", "{tmp}/m.onnx", "-o", "{tmp}/m.onnx"], ["kmlc compile", "is a file"]),
+    (["compile", "--bogus", "{tmp}/m.onnx"], ["No such option", "--bogus"]),
+    (["run", "{out}", "--input", "{good}", "--output", "{tmp}/nodir/y.npy"],
+     ["nodir/y.npy", "cannot write"]),
 ])
 def test_cli_usage_errors(tmp_path, args, words):
     onnx.save(mlp_model([4, 3, 2]), tmp_path / "m.onnx")
     out = tmp_path / "out"
     assert kmlc_cli("compile", tmp_path / "m.onnx", "-o", out).returncode == 0
     np.save(tmp_path / "bad.npy", np.zeros((3, 9), np.float32))
+    np.save(tmp_path / "good.npy", np.zeros((3, 4), np.float32))
     fill = {"out": out, "bad": tmp_path / "bad.npy", "y": tmp_path / "y.npy", "tmp": tmp_path,
+            "good": tmp_path / "good.npy",
             "kdir": kernel.find_kdir()}  # Debian's headers: configured for gcc
     res = kmlc_cli(*[a.format(**fill) for a in args])
     assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
     line = res.stderr.strip().splitlines()[0]
     for w in words:
         assert w.format(**fill) in line, line
+
+
+def damaged(out: Path, how: str) -> None:
+    meta = out / "kmlc.json"
+    d = json.loads(meta.read_text())
+    if how == "truncated json":
+        meta.write_text(meta.read_text()[:40])
+    elif how == "missing key":
+        del d["in_elems"]
+    elif how == "wrong type":
+        d["out_elems"] = "2"
+    elif how == "out_elems edited":
+        d["out_elems"] = 1                 # once: the twin wrote past its buffer
+    elif how == "outputs edited":
+        d["outputs"][0]["elems"] = 1
+    elif how == "not an object":
+        meta.write_text("[1, 2]")
+    elif how == "library not a library":
+        next((out / "user").glob("*.so")).write_text("junk")
+    if how in ("missing key", "wrong type", "out_elems edited", "outputs edited"):
+        meta.write_text(json.dumps(d))
+
+
+@pytest.mark.parametrize("how", ["truncated json", "missing key", "wrong type", "out_elems edited",
+                                 "outputs edited", "not an object", "library not a library"])
+def test_damaged_outdir_is_one_line(tmp_path, how):
+    """A damaged OUTDIR (kmlc.json edited, truncated or of the wrong shape;
+    a .so that is not a library) is one line and exit 1: the twin takes its
+    sizes from the library and refuses a kmlc.json that disagrees."""
+    onnx.save(mlp_model([4, 3, 2]), tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    assert kmlc_cli("compile", tmp_path / "m.onnx", "-o", out, "--target", "user").returncode == 0
+    np.save(tmp_path / "x.npy", np.ones((3, 4), np.float32))
+    damaged(out, how)
+    res = kmlc_cli("run", out, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy")
+    assert res.returncode == 1, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "kmlc: error:" in res.stderr, res.stderr
+    assert not (tmp_path / "y.npy").exists()
+
+
+def test_run_output_names_the_file_written_and_refuses_nan_in_fixed_point(tmp_path):
+    onnx.save(mlp_model([4, 3, 2]), tmp_path / "m.onnx")
+    x = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
+    np.save(tmp_path / "cal.npy", x)
+    out = tmp_path / "out"
+    assert kmlc_cli("compile", tmp_path / "m.onnx", "-o", out, "--target", "user", "--numerics",
+                    "fixed", "--calibration", tmp_path / "cal.npy").returncode == 0
+    res = kmlc_cli("run", out, "--input", tmp_path / "cal.npy", "--output", tmp_path / "y")
+    assert res.returncode == 0 and f"-> {tmp_path / 'y.npy'} " in res.stdout, res.stdout
+    assert np.load(tmp_path / "y.npy").shape == (50, 2)
+    x[7, 2] = np.nan
+    np.save(tmp_path / "nan.npy", x)
+    res = kmlc_cli("run", out, "--input", tmp_path / "nan.npy", "--output", tmp_path / "z.npy")
+    assert res.returncode == 1 and "row 7" in res.stderr and "column 2" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Warning" not in res.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_interrupted_compile_leaves_nothing(tmp_path, sig):
+    """A compile interrupted once its temporary directory exists (SIGINT or
+    SIGTERM) removes it, creates no OUTDIR, and leaves an existing OUTDIR
+    as it was."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    onnx.save(mlp_model([64, 64, 64, 2]), tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    assert kmlc_cli("compile", tmp_path / "m.onnx", "-o", out, "--target", "user").returncode == 0
+    before = sorted(p.name for p in (out / "user").iterdir())
+    for target in (tmp_path / "fresh", out):
+        exe = Path(sys.executable).parent / "kmlc"
+        proc = subprocess.Popen([exe, "compile", tmp_path / "m.onnx", "-o", target],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(f".{target.name}.kmlc-*")) and proc.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode != 0 and "Traceback" not in err, err
+        assert not list(tmp_path.glob(".*kmlc-*")), list(tmp_path.iterdir())
+        assert target.exists() == (target == out)
+    assert sorted(p.name for p in (out / "user").iterdir()) == before
+
+
+def test_every_error_is_one_line(tmp_path, monkeypatch, capsys):
+    """A newline in --name is escaped; a message with details (a compiler's
+    output) prints its first line and says how to see the rest."""
+    from kmlc import cli
+
+    onnx.save(mlp_model([4, 3, 2]), tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    res = kmlc_cli("compile", tmp_path / "m.onnx", "-o", out, "--name", "evil\nname")
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "'evil\\nname'" in res.stderr and not out.exists()
+
+    def fails(*a, **k):
+        raise cli.KmlcError("the build failed: first line\nsecond\nthird")
+    monkeypatch.setattr("kmlc.api.compile", fails)
+    assert cli.main(["compile", str(tmp_path / "m.onnx"), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err == "kmlc: error: the build failed: first line (2 more lines with KMLC_DEBUG=1)\n"
+    monkeypatch.setenv("KMLC_DEBUG", "1")
+    assert cli.main(["compile", str(tmp_path / "m.onnx"), "-o", str(out)]) == 1
+    assert capsys.readouterr().err.count("\n") == 3

@@ -11,6 +11,7 @@ from onnx import helper
 from conftest import make_model
 from kmlc.api import compile as kcompile, load, lower_model
 from kmlc.errors import KmlcError
+from kmlc.ops import interpret
 from kmlc.verify import reference_outputs
 
 
@@ -187,18 +188,97 @@ def test_fixed_point_biases_are_exact(tmp_path, case):
     assert fixed_vs_onnxruntime(tmp_path, two_layers(w0, b0, b1=b1)) <= 1e-2
 
 
-def test_fixed_point_refuses_a_negative_leaky_alpha(tmp_path):
-    """LeakyRelu alpha -1 (valid ONNX) is computed in float and refused in
-    fixed point with one line naming the node, not a ValueError."""
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
-             helper.make_node("LeakyRelu", ["h"], ["y"], name="lrelu", alpha=-1.0)]
+@pytest.mark.parametrize("alpha", [-1.0, -0.25, 0.0, 0.1])
+@pytest.mark.parametrize("fused", [True, False], ids=["after-dense", "after-relu6"])
+def test_leaky_relu_of_any_slope(tmp_path, alpha, fused):
+    """LeakyRelu with a negative slope (valid ONNX: y = alpha * x for
+    x < 0, so negative inputs come out positive), a zero slope (ReLU) and
+    an ordinary one: fixed point matches onnxruntime within 2% of the
+    range, fused into the dense layer or on its own after a Clip, and the
+    C equals the integer evaluator bit for bit."""
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm")]
+    if not fused:
+        nodes.append(helper.make_node("Clip", ["h", "lo", "hi"], ["h2"], name="clip"))
+    nodes.append(helper.make_node("LeakyRelu", ["h" if fused else "h2"], ["y"], name="lrelu",
+                                  alpha=alpha))
     path = tmp_path / "l.onnx"
     onnx.save(make_model(nodes, [("x", [1, 3])], [("y", [1, 4])],
-                         {"W": np.random.default_rng(7).normal(size=(3, 4)).astype(np.float32)}),
-              path)
-    x = np.random.default_rng(8).uniform(-2, 2, (64, 3)).astype(np.float32)
+                         {"W": rng.normal(size=(3, 4)).astype(np.float32),
+                          "lo": np.float32(-4), "hi": np.float32(6)}), path)
+    x = rng.uniform(-2, 2, (256, 3)).astype(np.float32)
+    ref = reference_outputs(path, lower_model(path), x)
     kcompile(path, tmp_path / "f", targets="user")
-    assert np.abs(load(tmp_path / "f").run(x)
-                  - reference_outputs(path, lower_model(path), x)).max() <= 1e-5
-    with pytest.raises(KmlcError, match=r"lrelu.*alpha -1"):
+    assert np.abs(load(tmp_path / "f").run(x) - ref).max() <= 1e-5
+    res = kcompile(path, tmp_path / "q", targets="user", numerics="fixed", calibration=x)
+    twin = load(tmp_path / "q")
+    err = np.abs(twin.run(x) - ref).max() / np.abs(ref).max()
+    assert err <= 2e-2, err
+    # the C is the integer evaluator bit for bit, on hostile raw inputs too
+    raw = np.concatenate([twin.encode(x[:64]), np.random.default_rng(8).integers(
+        -2**31, 2**31, (64, 3)).astype(np.int32)])
+    g = res.program.quant.int_graph
+    want = np.stack([interpret(g, r[None])[0].reshape(-1) for r in raw]).astype(np.int32)
+    assert np.array_equal(twin.run_raw(raw), want)
+
+
+def test_float_nan_and_infinity_propagate_as_onnxruntime(tmp_path):
+    """docs/errors.md: a float model lets NaN and infinity through as IEEE
+    and onnxruntime do (dense, ReLU, Clip, Sigmoid, Softmax)."""
+    rng = np.random.default_rng(9)
+    nodes = [helper.make_node("Gemm", ["x", "W", "b"], ["h"], name="fc"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Clip", ["r", "lo", "hi"], ["c"], name="clip"),
+             helper.make_node("Sigmoid", ["c"], ["y"], name="sig"),
+             helper.make_node("Softmax", ["h"], ["p"], name="soft")]
+    path = tmp_path / "n.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3])], [("y", [1, 4]), ("p", [1, 4])],
+                         {"W": rng.normal(size=(3, 4)).astype(np.float32),
+                          "b": rng.normal(size=4).astype(np.float32),
+                          "lo": np.float32(-1), "hi": np.float32(2)}), path)
+    x = rng.normal(size=(6, 3)).astype(np.float32)
+    x[1, 0], x[2, 1], x[3, 2], x[4] = np.nan, np.inf, -np.inf, [np.inf, -np.inf, np.nan]
+    kcompile(path, tmp_path / "o", targets="user")
+    y, ref = load(tmp_path / "o").run(x), reference_outputs(path, lower_model(path), x)
+    assert np.array_equal(np.isnan(y), np.isnan(ref)), (y, ref)
+    ok = ~np.isnan(ref)
+    assert np.abs(y[ok] - ref[ok]).max() <= 1e-5
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e30, 1e38])
+def test_fixed_point_extreme_weights(tmp_path, scale):
+    """First-layer weights of 1e20..1e38 (finite float32): fixed point is
+    within 1% of onnxruntime, or, where float32 itself overflows on the
+    calibration rows (1e38), one clean refusal naming the node."""
+    rng = np.random.default_rng(10)
+    w0 = (rng.normal(size=(3, 4)) * scale).astype(np.float32)
+    model = two_layers(w0, np.array(B0, np.float32))
+    if scale < 1e38:
+        assert fixed_vs_onnxruntime(tmp_path, model) <= 1e-2
+    else:
+        with pytest.raises(KmlcError, match=r"node fc0 \(Gemm\).*infinity or NaN"):
+            fixed_vs_onnxruntime(tmp_path, model)
+        assert not (tmp_path / "o").exists()
+
+
+def test_normalization_by_a_zero_std(tmp_path):
+    """(x - mean) / std with one std of 0: the float model gives what
+    onnxruntime gives (infinities and NaNs included); fixed point refuses
+    with one line naming the node."""
+    rng = np.random.default_rng(11)
+    nodes = [helper.make_node("Sub", ["x", "mean"], ["d"], name="sub"),
+             helper.make_node("Div", ["d", "std"], ["n"], name="div"),
+             helper.make_node("Gemm", ["n", "w", "b"], ["y"], name="fc")]
+    path = tmp_path / "z.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3])], [("y", [1, 2])],
+                         {"mean": np.zeros(3, np.float32), "std": np.array([1, 0, 2], np.float32),
+                          "w": rng.normal(size=(3, 2)).astype(np.float32),
+                          "b": np.ones(2, np.float32)}), path)
+    x = rng.uniform(-2, 2, (32, 3)).astype(np.float32)
+    kcompile(path, tmp_path / "f", targets="user")
+    y, ref = load(tmp_path / "f").run(x), reference_outputs(path, lower_model(path), x)
+    assert np.array_equal(np.isnan(y), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    assert np.array_equal(np.isinf(y[ok]), np.isinf(ref[ok]))
+    with pytest.raises(KmlcError, match=r"node div \(Div\) \+ fc \(Gemm\): .*divisor of 0"):
         kcompile(path, tmp_path / "q", targets="user", numerics="fixed", calibration=x)
