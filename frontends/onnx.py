@@ -18,6 +18,7 @@ dynamic dimensions other than the batch.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -80,10 +81,15 @@ def _load_external_data(model, path: Path) -> None:
             continue
         info = {e.key: e.value for e in t.external_data}
         loc = info.get("location", "")
-        target = (base / loc).resolve()
-        if not loc or os.path.isabs(loc) or ".." in Path(loc).parts:
+        if (not loc or os.path.isabs(loc) or ".." in Path(loc).parts
+                or not loc.isprintable()):
             raise KmlcError(f"initializer '{t.name}' has an unsafe external data location "
-                            f"'{loc}'", where=str(path))
+                            f"{loc!r}", where=str(path))
+        target = (base / loc).resolve()
+        for key in ("offset", "length"):
+            if key in info and not re.fullmatch(r"[0-9]{1,18}", info[key]):
+                raise KmlcError(f"initializer '{t.name}' has external data {key} "
+                                f"{info[key]!r}, not a decimal byte count", where=str(path))
         if not target.is_file():
             raise KmlcError(f"external data file '{loc}' for initializer '{t.name}' not found "
                             f"next to the model", where=str(path))
@@ -163,6 +169,8 @@ class Importer:
             defined.update(node.output)
         try:
             onnx.checker.check_model(m)
+        except UnicodeDecodeError:
+            self.fail("a name or op type is not valid UTF-8 (ONNX strings are UTF-8)")
         except onnx.checker.ValidationError as e:
             self.fail(f"invalid ONNX model: {' '.join(str(e).split()) or 'checker failed'}")
 

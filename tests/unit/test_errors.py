@@ -294,3 +294,37 @@ def test_every_error_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KMLC_DEBUG", "1")
     assert cli.main(["compile", str(tmp_path / "m.onnx"), "-o", str(out)]) == 1
     assert capsys.readouterr().err.count("\n") == 3
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("offset", "abc", ["offset 'abc'", "decimal byte count"]),
+    ("offset", "0x10", ["offset '0x10'"]),
+    ("offset", "", ["offset ''"]),
+    ("length", "-5", ["length '-5'"]),
+    ("location", "w\x00.bin", ["unsafe external data location"]),
+    ("elem_type", 999, ["data type 999"]),
+    ("op_type", b"G\xffmm", ["not valid UTF-8"]),
+])
+def test_malformed_external_data_and_strings(tmp_path, field, value, words):
+    """Malformed external-data fields, an unknown element type and a
+    string that is not UTF-8: one line, exit 1, no OUTDIR."""
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    m = mlp_model([64, 64, 2])
+    convert_model_to_external_data(m, location="w.bin", size_threshold=0)
+    onnx.save(m, tmp_path / "ext.onnx")
+    m = onnx.load(tmp_path / "ext.onnx", load_external_data=False)
+    t = m.graph.initializer[0]
+    if field == "elem_type":
+        t.data_type = value
+    elif field == "location":
+        next(e for e in t.external_data if e.key == "location").value = value
+    elif field in ("offset", "length"):
+        e = t.external_data.add()
+        e.key, e.value = field, value
+    data = m.SerializeToString()
+    if field == "op_type":
+        data = data.replace(b"Gemm", value, 1)
+    (tmp_path / "bad.onnx").write_bytes(data)
+    out = tmp_path / "out"
+    assert_clean_failure(kmlc_cli("compile", tmp_path / "bad.onnx", "-o", out), out, words)
