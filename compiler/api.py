@@ -14,7 +14,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +39,7 @@ class CompileResult:
     outdir: Path
     program: Program
     manifest: dict
+    warnings: list = field(default_factory=list)  # one line each, said at compile time
 
 
 def reserved_names() -> set[str]:
@@ -216,7 +217,14 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return CompileResult(outdir, prog, manifest)
+    return CompileResult(outdir, prog, manifest, _warnings(prog))
+
+
+def _warnings(prog: Program) -> list[str]:
+    from .passes.error_bound import requant_warnings
+    from .verify import MIN_SQNR
+
+    return requant_warnings(prog.quant, MIN_SQNR) if prog.quant is not None else []
 
 
 def load(outdir):
@@ -314,6 +322,8 @@ def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> di
 
 
 def _report(prog: Program) -> str:
+    from .passes import _error_report
+
     parts = [banner("lower"), str(prog), "", banner("plan-memory"), str(prog.plan), ""]
     q = prog.quant
     if q is not None:
@@ -321,5 +331,6 @@ def _report(prog: Program) -> str:
                   "  weight bits per layer: " + ", ".join(f"{k}: {v}" for k, v in
                                                          q.weight_bits.items()),
                   "  SQNR with int8 weights (dB): " + ", ".join(
-                      f"{k}: {v:.1f}" for k, v in q.sqnr_int8.items()), ""]
+                      f"{k}: {v:.1f}" for k, v in q.sqnr_int8.items()), "",
+                  _error_report(q), ""]
     return "\n".join(parts)

@@ -147,6 +147,13 @@ def compile_cmd(model, input_shapes, outdir, targets, name, numerics, calibratio
     click.echo(f"kmlc: compiled {m['name']} ({m['numerics']}): {m['in_elems']} -> "
                f"{m['out_elems']} values, {m['kernels']} kernels, weights {m['weight_bytes']} B, "
                f"workspace {m['workspace_bytes']} B -> {outdir}/ [{', '.join(m['targets'])}]")
+    for o in (m["fixed"] or {}).get("outputs", []):
+        click.echo(f"kmlc: fixed point, output '{o['name']}': " + (
+            f"|fixed - float| <= {o['error_bound']:.3g}" if "error_bound" in o else
+            f"class as float's wherever its top-2 gap > {o['gap']:.3g}") +
+            " on inputs in the calibrated range (report.txt)")
+    for w in r.warnings:
+        click.echo(f"kmlc: warning: {w}", err=True)
 
 
 @cli.command()

@@ -188,7 +188,7 @@ class Importer:
                 self.fail(f"input '{vi.name}' is not a tensor")
             if tt.elem_type != TensorProto.FLOAT:
                 self.fail(f"input '{vi.name}' has element type "
-                          f"{TensorProto.DataType.Name(tt.elem_type).lower()}; "
+                          f"{_type_name(tt.elem_type)}; "
                           "kmlc models take float32 inputs")
             if not tt.HasField("shape"):
                 self.fail(f"input '{vi.name}' has no shape; give it a static shape "
@@ -539,3 +539,13 @@ def _static_eval(op, d, a, helper, numpy_helper):
             idx[int(ax)] = slice(int(s), int(e), int(st))
         return data[tuple(idx)]
     raise KmlcError(f"no compile-time evaluation for {op}")
+
+
+def _type_name(elem_type: int) -> str:
+    """An ONNX element type's name, or what it is when ONNX has none."""
+    from onnx import TensorProto
+
+    try:
+        return TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"{elem_type} (not an ONNX element type)"

@@ -359,7 +359,8 @@ def fixed_interface(prog: Program) -> dict | None:
         for key in ("frac_bits", "lo", "hi"):
             enc[key] += q.inputs[p.buffer.value][key]
     for p, m in zip(prog.outputs, port_macros(prog)["out"]):
-        enc["outputs"].append(dict(q.outputs[p.buffer.value], name=p.name, macro=m))
+        enc["outputs"].append(dict(q.outputs[p.buffer.value], **q.output_bounds.get(
+            p.buffer.value, {}), name=p.name, macro=m))
     return enc
 
 

@@ -9,7 +9,8 @@ after every stage, like MLIR's --mlir-print-ir-after-all.
 --numerics fixed adds, after the shared graph passes: fold-affine and
 fold-softmax-argmax (rewrites that are exact in real arithmetic), then
 calibration on the user's data, quantize (float graph -> integer graph) and
-bound-ranges (the overflow proof, which also fixes the integer multipliers).
+bound-ranges (the overflow proof, which also fixes the integer multipliers)
+and error-bound (the compiler's own bound on |fixed - float|).
 """
 from __future__ import annotations
 
@@ -23,15 +24,18 @@ from ..planner import plan
 from ..schedule import Program
 from .bound_ranges import bound_ranges
 from .eliminate_dead import eliminate_dead
+from .error_bound import error_bound
 from .fold_affine import fold_affine
 from .fold_constants import fold_constants
 from .fold_softmax_argmax import fold_softmax_argmax
+from .forward_identity import forward_identity
 from .fuse_dense import fuse_dense
 from .lower import lower
 from .quantize import QuantOptions, quantize
 
 GRAPH_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fold-constants", fold_constants),
+    ("forward-identity", forward_identity),
     ("eliminate-dead", eliminate_dead),
     ("fuse-dense", fuse_dense),
     ("eliminate-dead", eliminate_dead),
@@ -55,6 +59,16 @@ def _proof_report(g: Graph) -> str:
         if op.kind == "qdense":
             extra = f"  accumulator {op.attrs['acc']}, |acc| <= {op.attrs['acc_bound']}"
         lines.append(f"  %{op.output.name}: [{lo}, {hi}]{extra}")
+    return "\n".join(lines)
+
+
+def _error_report(info) -> str:
+    lines = ["error bound |fixed - float| per layer (its requantization's share, total):"]
+    lines += [f"  {layer}: {req:.4g}, {total:.4g}" for _, layer, req, total in info.layer_bounds]
+    for name, b in info.output_bounds.items():
+        lines.append(f"  output {name}: " + (f"|error| <= {b['error_bound']:.4g}" if
+                     "error_bound" in b else f"class agrees when float's top-2 gap > "
+                     f"{b['gap']:.4g}"))
     return "\n".join(lines)
 
 
@@ -83,6 +97,8 @@ def run_pipeline(g: Graph, numerics: str = "float",
         g = verify(bound_ranges(g))
         info.int_graph = g
         emit("bound-ranges", _proof_report(g))
+        error_bound(g, info)
+        emit("error-bound", _error_report(info))
     prog = lower(g, numerics)
     prog.quant = info
     emit("lower", str(prog))

@@ -1,5 +1,5 @@
-"""Folding of per-feature affine ops into the dense layer that follows
-(fixed-point pipeline only).
+"""Folding of per-feature affine ops into a dense layer (fixed-point
+pipeline only).
 
 Guarantees: every ``sub``/``add``/``mul``/``div`` of a constant that varies
 only along the feature axis (shape [K], [1, K] or a scalar), whose result is
@@ -7,6 +7,10 @@ used only by a ``dense`` op, is removed and absorbed into that dense op's
 weights and bias, in float64:
     dense(x - c) = x @ w + (b - c @ w)        dense(x / c) = x @ (w / c[:, None]) + b
     dense(x + c) = x @ w + (b + c @ w)        dense(x * c) = x @ (c[:, None] * w) + b
+and so is one applied to the output of a dense op without activation that
+has no other use (y = dense(x) * c + d: an output's de-normalization):
+    dense(x) - c: b - c        dense(x) / c: w / c, b / c
+    dense(x) + c: b + c        dense(x) * c: w * c, b * c
 so normalization layers such as (x - mean) / std or min-max scaling cost
 nothing at run time.  A fold whose weights or bias would not be finite in
 float32 (a divisor of 0) is refused naming both nodes.  The result equals the original function up to float
@@ -82,8 +86,48 @@ def _fold_once(g: Graph, fresh) -> bool:
     return False
 
 
+def _fold_after_once(g: Graph, fresh) -> bool:
+    producers, users = g.producers(), g.users()
+    for p in g.ops:
+        if p.kind not in ("add", "sub", "mul", "div"):
+            continue
+        a, b = p.inputs
+        x, c = (a, b) if b.is_const and not a.is_const else \
+            (b, a) if a.is_const and not b.is_const and p.kind in ("add", "mul") else (None, None)
+        d = producers.get(x) if x is not None else None
+        if d is None or d.kind != "dense" or d.attrs.get("act", "none") != "none" \
+                or x in g.outputs or len(users.get(x, [])) != 1 or p.output.type != x.type:
+            continue
+        w = d.inputs[1].data.astype(np.float64)
+        cv = _feature_vector(c, w.shape[1])
+        if cv is None:
+            continue
+        bias = (d.inputs[2].data.astype(np.float64) if len(d.inputs) == 3
+                else np.zeros(w.shape[1]))
+        if bias.ndim == 2:
+            continue
+        alpha = d.attrs.get("alpha", 1.0)      # dense is alpha * x @ w + b: scale both
+        with np.errstate(all="ignore"):
+            if p.kind in ("add", "sub"):
+                bias = bias + cv if p.kind == "add" else bias - cv
+            else:
+                f = cv if p.kind == "mul" else 1.0 / cv
+                w, bias = w * f[None, :], bias * f
+            w32, b32 = w.astype(np.float32), bias.astype(np.float32)
+        if not (np.all(np.isfinite(w32)) and np.all(np.isfinite(b32))):
+            raise KmlcError(f"node {' + '.join(d.origin + p.origin)}: folding the "
+                            f"{p.kind} into the dense layer gives weights that are not finite "
+                            "in float32 (a divisor of 0?); fixed point needs finite weights")
+        ins = [d.inputs[0], const(fresh(f"{d.inputs[1].name}_f"), w32),
+               const(fresh(f"{d.inputs[1].name}_fb"), b32)]
+        fused = Op("dense", ins, p.outputs, dict(d.attrs, alpha=alpha), d.origin + p.origin)
+        g.ops = [fused if o is p else o for o in g.ops if o is not d]
+        return True
+    return False
+
+
 def fold_affine(g: Graph) -> Graph:
     fresh = fresh_namer(g)
-    while _fold_once(g, fresh):
+    while _fold_once(g, fresh) or _fold_after_once(g, fresh):
         pass
     return g

@@ -80,6 +80,11 @@ class QuantInfo:
     params: dict[Value, QParams] = field(default_factory=dict)
     weight_bits: dict[str, int] = field(default_factory=dict)   # node -> 8 | 16
     sqnr_int8: dict[str, float] = field(default_factory=dict)
+    # per qdense output: what passes/error_bound.py needs of the layer, in
+    # its input's real coordinates (the first layer: the encoded steps)
+    dense_error: dict[Value, dict] = field(default_factory=dict)
+    output_bounds: dict[str, dict] = field(default_factory=dict)  # error_bound's result
+    layer_bounds: list = field(default_factory=list)              # (layer, requant, total)
     float_graph: Graph | None = None   # the float graph that was quantized
     int_graph: Graph | None = None     # the proven integer graph
     calibration_rows: int = 0
@@ -301,10 +306,15 @@ class _Quantizer:
                 if params["alpha"] < 0:
                     attrs["flip"] = True
         attrs["shape"] = list(op.output.type.shape)
+        weff = wq * sw                              # the weights the integers stand for
+        rec = {"w_abs": np.abs(weff), "w_err": np.abs(weff - wf), "b_err": sa / 2,
+               "lipschitz": max(1.0, abs(params.get("alpha", 1.0))) if act == "leaky_relu"
+               else 1.0, "clip": act == "clip"}
         wconst = const(self.fresh(f"{w.name}_q{bits}"),
                        np.ascontiguousarray(wq.T).astype(I8.np if bits == 8 else I16.np))
         bconst = const(self.fresh(f"{w.name}_bq"), bq.astype(np.int64))
-        self.emit("qdense", [xq, wconst, bconst], attrs, op.origin, op.output, q)
+        out = self.emit("qdense", [xq, wconst, bconst], attrs, op.origin, op.output, q)
+        self.info.dense_error[out] = rec
 
     def weights(self, op: Op, wf: np.ndarray, xs: np.ndarray):
         node = next((o for o in op.origin if o.endswith(("(Gemm)", "(MatMul)"))),

@@ -43,6 +43,10 @@ def bad_models(tmp_path):
                                  [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 4])],
                                  [helper.make_tensor_value_info("y", TensorProto.INT64, [1, 4])]),
          ["input 'x'", "int64", "float32"])
+    save("unknown_input_type", make_model(  # found by tests/fuzz (shapes, seed 1 case 134)
+        [helper.make_node("Relu", ["x"], ["y"], name="r")],
+        [helper.make_tensor_value_info("x", 999, [1, 4])], [("y", [1, 4])]),
+        ["input 'x'", "999", "not an ONNX element type"])
     save("old_opset", relu_model(opset=11), ["opset 11", "13"])
     save("zero_size", make_model([helper.make_node("Relu", ["x"], ["y"], name="r")],
                                  [("x", [0, 4])], [("y", [0, 4])]), ["'x'", "size 0"])

@@ -282,3 +282,36 @@ def test_normalization_by_a_zero_std(tmp_path):
     assert np.array_equal(np.isinf(y[ok]), np.isinf(ref[ok]))
     with pytest.raises(KmlcError, match=r"node div \(Div\) \+ fc \(Gemm\): .*divisor of 0"):
         kcompile(path, tmp_path / "q", targets="user", numerics="fixed", calibration=x)
+
+
+@pytest.mark.parametrize("numerics", ["float", "fixed"])
+def test_affine_after_a_dense_layer_and_identities(tmp_path, numerics):
+    """Found by tests/fuzz: an output scaled or shifted by constants after a
+    dense layer (through an Identity), y = (x W) * c, then Relu, a second
+    layer and y - d, was refused in fixed point; it folds into the dense
+    layers now (passes/fold_affine.py), and both builds match onnxruntime,
+    fixed point within its stated bound."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("MatMul", ["x", "W0"], ["m0"], name="mm0"),
+             helper.make_node("Identity", ["m0"], ["h0"], name="id0"),
+             helper.make_node("Mul", ["h0", "c0"], ["e0"], name="ew0"),
+             helper.make_node("Relu", ["e0"], ["a0"], name="act0"),
+             helper.make_node("Gemm", ["a0", "W1", "b1"], ["h1"], name="fc1"),
+             helper.make_node("Div", ["h1", "c1"], ["e1"], name="ew1"),
+             helper.make_node("Sub", ["e1", "d1"], ["y"], name="ew2")]
+    inits = {"W0": rng.normal(size=(5, 8)).astype(np.float32),
+             "c0": rng.normal(size=8).astype(np.float32),
+             "W1": rng.normal(size=(8, 3)).astype(np.float32),
+             "b1": rng.normal(size=3).astype(np.float32),
+             "c1": np.float32(4.0), "d1": np.array([1.0, -2.0, 0.5], np.float32)}
+    m = make_model(nodes, [("x", [1, 5])], [("y", [1, 3])], inits)
+    x = rng.normal(size=(300, 5)).astype(np.float32)
+    kw = {"calibration": x} if numerics == "fixed" else {}
+    res = kcompile(m, tmp_path / "o", targets="user", numerics=numerics, **kw)
+    assert "reshape" not in str(res.program)               # the Identity is gone
+    if numerics == "fixed":
+        assert [op.kind for op in res.program.quant.int_graph.ops] == \
+            ["qinput", "qdense", "qact", "qdense"]        # both affines folded
+    y, ref = load(tmp_path / "o").run(x), reference_outputs(m, res.program, x)
+    bound = res.manifest["fixed"]["outputs"][0]["error_bound"] if numerics == "fixed" else 0
+    assert np.abs(y - ref).max() <= bound + 1e-4, (np.abs(y - ref).max(), bound)
