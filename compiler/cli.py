@@ -313,11 +313,12 @@ def main(argv=None) -> int:
         return 0
     except KmlcError as e:
         # one line: details (a compiler's or a kernel's output) only on request
-        lines = str(e).splitlines() or [""]
-        more = len(lines) - 1
-        if more and not os.environ.get("KMLC_DEBUG"):
-            lines = [f"{lines[0]} ({more} more line{'s' if more > 1 else ''} with KMLC_DEBUG=1)"]
-        click.echo("kmlc: error: " + "\n".join(lines), err=True)
+        more = len(e.details.splitlines()) if e.details else 0
+        if more and os.environ.get("KMLC_DEBUG"):
+            click.echo(f"kmlc: error: {e.line()}\n{e.details}", err=True)
+        else:
+            hint = f" ({more} more line{'s' if more > 1 else ''} with KMLC_DEBUG=1)" if more else ""
+            click.echo(f"kmlc: error: {e.line()}{hint}", err=True)
         return 1
     except click.exceptions.Abort:
         click.echo("kmlc: aborted", err=True)

@@ -9,11 +9,19 @@ in kmlc and is reported as an internal error.
 
 
 class KmlcError(Exception):
-    """A problem with the user's input or environment, worded for the user."""
+    """A problem with the user's input or environment, worded for the user:
+    ``message`` (with ``where``) is the one line the CLI prints, control
+    characters in it (a name holding a newline) escaped; ``details`` (a
+    compiler's or a kernel's output) are shown with KMLC_DEBUG=1."""
 
-    def __init__(self, message: str, *, where: str | None = None):
-        self.where = where
-        super().__init__(f"{where}: {message}" if where else message)
+    def __init__(self, message: str, *, where: str | None = None, details: str | None = None):
+        self.where, self.details = where, details
+        self.summary = f"{where}: {message}" if where else message
+        super().__init__(self.summary + (f"\n{details}" if details else ""))
+
+    def line(self) -> str:
+        """The summary as one line of printable text."""
+        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in self.summary)
 
 
 def node_ref(op_type: str, name: str) -> str:

@@ -79,8 +79,8 @@ def library() -> ctypes.CDLL:
             res = subprocess.run([cc, *CFLAGS, "-shared", f"-I{runtime_kernel.DIR}",
                                   "-o", str(tmp), str(src)], capture_output=True, text=True)
             if res.returncode or res.stderr.strip():
-                raise KmlcError("building the feature extractors failed (a kmlc bug):\n"
-                                + res.stderr.strip())
+                raise KmlcError("building the feature extractors failed (a kmlc bug)",
+                                details=res.stderr.strip())
             tmp.rename(so)
     lib = ctypes.CDLL(str(so))
     p, ul, u32, u64 = ctypes.c_void_p, ctypes.c_ulong, ctypes.c_uint32, ctypes.c_uint64

@@ -42,6 +42,7 @@ GRAPH_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 ]
 FIXED_GRAPH_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fold-affine", fold_affine),
+    ("fuse-dense", fuse_dense),      # an activation after a folded affine op joins its layer
     ("fold-softmax-argmax", fold_softmax_argmax),
     ("eliminate-dead", eliminate_dead),
 ]

@@ -355,6 +355,13 @@ class _Quantizer:
         elif kind == "leaky_relu":
             alpha = op.attrs["alpha"]
             _check_alpha(op, alpha)
+            # its output keeps its input's encoding: a slope over 1 or below
+            # 0 maps negative inputs beyond it unless calibration shows not
+            lo, hi = self.cal.range(op.output)
+            if lo < (-32769 - qx.zp) * qx.scale or hi > (32768 - qx.zp) * qx.scale:
+                _fail(op, f"a LeakyRelu of slope {alpha:g} that does not follow a dense layer, "
+                      "whose outputs leave its input's int16 encoding (move it right after "
+                      "the MatMul/Gemm)")
             q = QParams(qx.scale, qx.zp)
             attrs = {"mode": "leaky", "zp": qx.zp, "scale": abs(float(alpha))}
             if alpha < 0:

@@ -209,7 +209,7 @@ def _make(tree: Path, build: Path, *targets, env=None, log=print) -> None:
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode:
         tail = "\n".join((res.stdout + res.stderr).splitlines()[-15:])
-        raise KmlcError(f"building the debug kernel failed ({' '.join(targets)}):\n{tail}")
+        raise KmlcError(f"building the debug kernel failed ({' '.join(targets)})", details=tail)
 
 
 def debug_kernel(log=print) -> Kernel:

@@ -254,7 +254,8 @@ def _summarize(lines: list[str], rc: int, models: list[dict], out) -> dict:
     missing = suite_names - set(suites)
     if rc != 0 and not suites:
         tail = "".join(lines[-30:])
-        raise KmlcError(f"kunit.py failed (exit {rc}) before running any kmlc suite:\n{tail}")
+        raise KmlcError(f"kunit.py failed (exit {rc}) before running any kmlc suite",
+                        details=tail)
     expected = {m["module"]: m["golden_vectors"] + 1 for m in models}  # + the bad-args case
     short = [n for n, v in suites.items() if sum(v.values()) != expected[n]]
     ok = rc == 0 and not missing and not short and all(v["failed"] == 0 for v in suites.values())

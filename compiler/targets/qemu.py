@@ -344,8 +344,8 @@ def boot(initramfs: bytes, kernel: Kernel, *, timeout: int = 600,
             out = (e.stdout or b"").decode(errors="replace").replace("\r", "")
             if log_path:
                 Path(log_path).write_text(out)
-            raise KmlcError(f"the qemu boot did not finish in {timeout} s; last output:\n"
-                            + out[-2000:]) from None
+            raise KmlcError(f"the qemu boot did not finish in {timeout} s; last output follows",
+                            details=out[-2000:]) from None
     return res.stdout.decode(errors="replace").replace("\r", "")
 
 

@@ -56,7 +56,7 @@ def build_twin(userdir: Path, name: str, *, cc: str | None = None, extra=(),
         diag = [ln for ln in res.stderr.splitlines() if "error:" in ln or "warning:" in ln]
         first = (diag or res.stderr.strip().splitlines() or ["no output"])[0].strip()
         raise KmlcError(f"building the twin with {cc} {what}: {first} (a kmlc bug; please "
-                        "report)\n" + res.stderr.strip())
+                        "report)", details=res.stderr.strip())
     return so
 
 

@@ -290,14 +290,30 @@ def test_every_error_is_one_line(tmp_path, monkeypatch, capsys):
     assert "'evil\\nname'" in res.stderr and not out.exists()
 
     def fails(*a, **k):
-        raise cli.KmlcError("the build failed: first line\nsecond\nthird")
+        raise cli.KmlcError("the build failed", details="second\nthird")
     monkeypatch.setattr("kmlc.api.compile", fails)
     assert cli.main(["compile", str(tmp_path / "m.onnx"), "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err == "kmlc: error: the build failed: first line (2 more lines with KMLC_DEBUG=1)\n"
+    assert err == "kmlc: error: the build failed (2 more lines with KMLC_DEBUG=1)\n"
     monkeypatch.setenv("KMLC_DEBUG", "1")
     assert cli.main(["compile", str(tmp_path / "m.onnx"), "-o", str(out)]) == 1
     assert capsys.readouterr().err.count("\n") == 3
+
+
+def test_names_holding_newlines_stay_on_one_line(tmp_path):
+    """Found by reading the fuzzer's names class: a name with a newline cut
+    the one error line at the newline (the rest of the message behind
+    "1 more line").  Control characters in the line are escaped now."""
+    from onnx import TensorProto
+    for elem, op, words in ((TensorProto.INT64, "Relu", ["input 'a\\nb'", "int64"]),
+                            (TensorProto.FLOAT, "Sqrt", ["'r\\nq\\t (Sqrt)'", "compile time"])):
+        m = make_model([helper.make_node(op, ["a\nb"], ["y\nz"], name="r\nq\t")],
+                       [helper.make_tensor_value_info("a\nb", elem, [1, 3])],
+                       [helper.make_tensor_value_info("y\nz", elem, [1, 3])])
+        onnx.save(m, tmp_path / "m.onnx")
+        out = tmp_path / "out"
+        assert_clean_failure(kmlc_cli("compile", tmp_path / "m.onnx", "-o", out), out, words)
+        assert "more line" not in kmlc_cli("compile", tmp_path / "m.onnx", "-o", out).stderr
 
 
 @pytest.mark.parametrize("field,value,words", [
