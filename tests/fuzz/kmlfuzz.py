@@ -373,7 +373,7 @@ def mutate_names(rng, m: onnx.ModelProto) -> tuple[str, str | None, str]:
     elif where == "graph":
         g.name = name
     elif where == "option":
-        opt = name
+        opt = name.replace("\x00", "\\0")    # argv cannot hold a NUL byte
     elif where == "file":
         stem = (name.replace("/", "_").replace("\x00", "_") or "_")[:200]
     else:
