@@ -256,7 +256,10 @@ def verify(model, data, samples, seed, atol, rtol, numerics, calibration, weight
     rep = verify_model(model, data=x, samples=samples, seed=seed, atol=atol, rtol=rtol)
     click.echo(rep.text())
     if not rep.ok:
-        raise KmlcError(f"twin and onnxruntime differ beyond atol={atol:g} + rtol={rtol:g}*|ref|")
+        raise KmlcError(f"the twin is off on {rep.violations} element(s): beyond its arithmetic "
+                        f"bound, beyond onnxruntime's own error against float64, and beyond "
+                        f"atol={atol:g} + rtol={rtol:g}*|ref|"
+                        if rep.violations else "the twin's argmax departs from onnxruntime's")
 
 
 @cli.command()

@@ -79,6 +79,7 @@ class Program:
     kernels: list[Kernel]
     plan: object = None   # planner.MemoryPlan once planned
     quant: object = None  # passes.quantize.QuantInfo for fixed-point programs
+    graph: object = None  # the graph that was lowered (float: what the C computes)
     hooks: list = field(default_factory=list)  # kernel hooks generated with the model
 
     def buffers(self, kind: str | None = None) -> list[Buffer]:

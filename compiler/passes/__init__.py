@@ -101,7 +101,7 @@ def run_pipeline(g: Graph, numerics: str = "float",
         error_bound(g, info)
         emit("error-bound", _error_report(info))
     prog = lower(g, numerics)
-    prog.quant = info
+    prog.quant, prog.graph = info, g
     emit("lower", str(prog))
     prog = plan(prog)
     emit("plan-memory", str(prog.plan))

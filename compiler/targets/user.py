@@ -39,7 +39,8 @@ def sources(userdir: Path, name: str) -> list[str]:
     """Entry point, the model's math (<name>_fp.c float or <name>_fx.c
     fixed), the twin's batch entry, and a hook's twin C (kml_*_twin.c)."""
     core = [f"{name}_{c}.c" for c in ("fp", "fx") if (userdir / f"{name}_{c}.c").is_file()]
-    hook = sorted(p.name for p in Path(userdir).glob("kml_*_twin.c"))
+    hook = sorted(p.name for p in Path(userdir).glob("kml_*_twin.c")
+                  if p.name != f"{name}_twin.c")      # a model may be named kml_*
     return [f"{name}.c", *core, f"{name}_twin.c", *hook]
 
 

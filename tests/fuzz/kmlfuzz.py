@@ -193,7 +193,8 @@ HUGE = [1e20, -1e20, 1e30, 1e38, -1e38, 3.4028235e38]
 BAD = [np.inf, -np.inf, np.nan]
 HOSTILE_NAMES = ["in*/x", "*/", "/*", "//", "a\nb", "\u202eevil", "é", "ü", "Y", "y", 'q"u',
                  "b\\s", "??=", "%s%n", " ", "", "9lives", "n" * 300, "\t", "kml_features",
-                 "kml_fixed", "../x", "-o", "con", "\x00", "ELEMS", "$(id)", "a.b", "日本"]
+                 "kml_fixed", "kml_readahead", "kml_x", "../x", "-o", "con", "\x00", "ELEMS",
+                 "$(id)", "a.b", "日本"]
 OPS = ["Relu", "Sigmoid", "Tanh", "Softmax", "Exp", "Abs", "Neg", "Add", "Mul", "Sub", "Div",
        "MatMul", "Gemm", "Identity", "Flatten", "Transpose", "Concat", "ArgMax", "Clip",
        "LeakyRelu", "Elu", "Pow", "Max", "HardSigmoid", "Reshape", "Foo", "If", "Cast"]

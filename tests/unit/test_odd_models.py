@@ -346,3 +346,18 @@ def test_leaky_relu_after_an_affine_op_and_on_its_own(tmp_path, alpha, fits):
     y, ref = load(tmp_path / "o").run(x), reference_outputs(m, res.program, x)
     bound = res.manifest["fixed"]["outputs"][0]["error_bound"]
     assert np.abs(y - ref).max() <= bound + 1e-5, (np.abs(y - ref).max(), bound)
+
+
+@pytest.mark.parametrize("numerics", ["float", "fixed"])
+def test_a_model_named_like_the_runtime(tmp_path, numerics):
+    """Found while testing verify on KML's weights: a model named kml_<x>
+    (not a runtime file's name, so allowed) had its own kml_<x>_twin.c
+    taken for a hook's twin C and linked twice."""
+    m = dense(3, 2, bias=True, act="Relu", gemm=True)
+    x = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
+    kw = {"calibration": x} if numerics == "fixed" else {}
+    res = kcompile(m, tmp_path / "o", targets="user", name="kml_readahead", numerics=numerics,
+                   **kw)
+    assert res.manifest["module"] == "kml_kml_readahead"
+    y, ref = load(tmp_path / "o").run(x), reference_outputs(m, res.program, x)
+    assert np.abs(y - ref).max() <= (1e-5 if numerics == "float" else 0.05)

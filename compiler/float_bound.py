@@ -1,0 +1,135 @@
+"""A bound on a float twin's rounding error, from the arithmetic.
+
+``float_bound(graph, rows)`` evaluates kmlc's float graph (the one lowered
+to C) in float64 on every row and carries, for every value, a bound on
+|what the float32 C computes - the exact result|, following the order
+docs/numerics.md §2 fixes.  With u = 2^-24 and gamma(n) = n u / (1 - n u):
+  * constants: 4 u |c| (a constant folded from up to four float32 ops);
+  * dense: |alpha| |w|^T E(x) inherited, plus gamma(K + 3) (|alpha| (|x| +
+    E(x)).|w| + |b|) for the K products summed in order, alpha and the
+    bias (the classic bound for a recursive dot product);
+  * every rounding also 2^-149 absolute (results in the subnormal range);
+  * + - * /: first-order propagation of both operands' bounds, plus u |r|
+    for the rounding of the result (a division by a value its bound can
+    reach zero from has no bound);
+  * relu, clip: 1-Lipschitz and exact; leaky relu: max(1, |alpha|) E + u |y|;
+    sigmoid: E / 4 + 2.5 ulp + 9e-8; tanh: E + 1.5 ulp + 8e-8 (the
+    approximations' measured bounds, §3);
+  * softmax: relative errors through exp (1 ulp), the in-order sum and the
+    division;
+  * reshape: unchanged; argmax: its input's bound (an index agrees where
+    the exact top-2 gap exceeds twice it).
+Any other op, or a bound or value that is not finite, gives an infinite
+bound: ``kmlc verify`` then falls back to its absolute and relative
+tolerance for those elements.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .ir import Graph
+
+U = 2.0 ** -24
+ETA = 2.0 ** -149                 # absolute rounding error below the normal range
+ULP = 2.0 ** -23                  # one ulp, relative, of a normal float32
+APPROX = {"sigmoid": (0.25, 2.5, 9e-8), "tanh": (1.0, 1.5, 8e-8)}  # Lipschitz, ulps, abs
+
+
+def gamma(n: int) -> float:
+    return n * U / (1 - n * U)
+
+
+def _act(kind: str, params: dict, z, ez):
+    """An activation's float64 value and bound at z with bound ez."""
+    if kind == "none":
+        return z, ez
+    if kind == "relu":
+        return np.maximum(z, 0), ez
+    if kind == "clip":
+        lo, hi = params.get("min", -np.inf), params.get("max", np.inf)
+        return np.minimum(np.maximum(z, lo), hi), ez
+    if kind == "leaky_relu":
+        a = params.get("alpha", 0.01)
+        y = np.where(z >= 0, z, a * z)
+        return y, max(1.0, abs(a)) * ez + U * np.abs(y)
+    if kind in APPROX:
+        lip, ulps, absolute = APPROX[kind]
+        y = 1 / (1 + np.exp(-z)) if kind == "sigmoid" else np.tanh(z)
+        return y, lip * ez + ulps * ULP * np.abs(y) + absolute
+    return z, np.full_like(z, np.inf)
+
+
+def float_bound(g: Graph, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per graph output: (float64 values, bound), each (rows, numel)."""
+    R = len(rows)
+    val, err = {}, {}
+    off = 0
+    for v in g.inputs:
+        val[v] = rows[:, off:off + v.type.numel].astype(np.float64).reshape((R,) + v.type.shape)
+        err[v] = np.zeros_like(val[v])
+        off += v.type.numel
+
+    def get(v):
+        if v.is_const:
+            c = np.asarray(v.data, np.float64)
+            return c, 4 * U * np.abs(c)
+        return val[v], err[v]
+
+    with np.errstate(all="ignore"):
+        for op in g.ops:
+            y = op.outputs[0]
+            shape = (R,) + y.type.shape
+            a = op.attrs
+            if op.kind == "dense":
+                (x, ex), (w, ew) = get(op.inputs[0]), get(op.inputs[1])
+                k = w.shape[0]
+                x, ex = x.reshape(R, -1, k), ex.reshape(R, -1, k)
+                alpha = float(a.get("alpha", 1.0))
+                z = alpha * (x @ w)
+                mag = abs(alpha) * ((np.abs(x) + ex) @ (np.abs(w) + ew))
+                ez = abs(alpha) * (ex @ np.abs(w) + np.abs(x) @ ew)
+                if len(op.inputs) == 3:
+                    b, eb = get(op.inputs[2])
+                    z, mag, ez = z + b, mag + np.abs(b), ez + eb
+                ez = ez + gamma(k + 3) * mag + (k + 3) * ETA
+                z, ez = _act(a["act"], a.get("act_params", {}), z, ez)
+            elif op.kind in ("add", "sub", "mul", "div"):
+                (p, ep), (q, eq) = get(op.inputs[0]), get(op.inputs[1])
+                if op.kind == "add":
+                    z, ez = p + q, ep + eq
+                elif op.kind == "sub":
+                    z, ez = p - q, ep + eq
+                elif op.kind == "mul":
+                    z, ez = p * q, np.abs(p) * eq + np.abs(q) * ep + ep * eq
+                else:
+                    z = p / q
+                    room = np.abs(q) - eq
+                    ez = np.where(room > 0, (ep + np.abs(z) * eq) / room, np.inf)
+                ez = ez + U * np.abs(z)
+            elif op.kind in ("relu", "clip", "leaky_relu", "sigmoid", "tanh"):
+                z, ez = _act(op.kind, a, *get(op.inputs[0]))
+            elif op.kind == "reshape":
+                z, ez = get(op.inputs[0])
+            elif op.kind == "softmax":
+                x, ex = get(op.inputs[0])
+                ax = a["axis"] % len(op.inputs[0].type.shape) + 1
+                n = x.shape[ax]
+                m = x.max(axis=ax, keepdims=True)
+                rel = np.expm1(ex + ex.max(axis=ax, keepdims=True) + U * np.abs(x - m)) + 2 * ULP
+                e = np.exp(x - m)
+                z = e / e.sum(axis=ax, keepdims=True)
+                rs = rel.max(axis=ax, keepdims=True) + gamma(n)
+                ez = z * ((rel + rs) / np.maximum(1 - rs, 1e-300) + U)
+            elif op.kind == "argmax":
+                x, ex = get(op.inputs[0])
+                ax = a["axis"] % len(op.inputs[0].type.shape) + 1
+                z = np.argmax(x, axis=ax).astype(np.float64)
+                ez = np.broadcast_to(ex.max(axis=ax), z.shape)
+            else:
+                z = np.zeros(shape)
+                ez = np.full(shape, np.inf)
+            z = np.asarray(z).reshape(shape)
+            ez = np.asarray(ez, np.float64).reshape(shape) + ETA
+            val[y], err[y] = z, np.where(np.isfinite(ez) & np.isfinite(z), ez, np.inf)
+    return [tuple(np.broadcast_to(x, (R,) + v.type.shape).reshape(R, -1) for x in get(v))
+            for v in g.outputs]
