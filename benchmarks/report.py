@@ -166,8 +166,8 @@ def write(out: Path, models: list[dict], sweep: list[dict], peaks: dict, info: d
     L.append("|---|---|---:|")
     L.append(f"| scalar integer (imul r64 + add) | fixed point, one output per accumulator | "
              f"{peaks['int_mac']:.2f} |")
-    L.append(f"| paired integer (two MACs per 64 x 64 -> 128-bit multiply, at the rate above) | "
-             f"fixed point, kernel flags (no SSE), int16 weights in pairs | "
+    L.append(f"| paired integer (two MACs per 64-bit multiply, at the rate above) | "
+             f"fixed point, kernel flags (no SSE), layers whose sums fit int32 | "
              f"{peaks['pair_mac']:.2f} |")
     L.append(f"| scalar float (mulss + addss) | the naive loop (a dot product cannot be "
              f"vectorized without reassociating) | {peaks['f32_mac']:.2f} |")

@@ -330,6 +330,9 @@ def _report(prog: Program) -> str:
         parts += ["fixed point: calibrated on %d rows" % q.calibration_rows,
                   "  weight bits per layer: " + ", ".join(f"{k}: {v}" for k, v in
                                                          q.weight_bits.items()),
+                  *([f"  decisions agree with float on {q.decision_agreement:.2f}% of the "
+                     "calibration rows with these widths (--weight-bits auto)"]
+                    if q.decision_agreement is not None else []),
                   "  SQNR with int8 weights (dB): " + ", ".join(
                       f"{k}: {v:.1f}" for k, v in q.sqnr_int8.items()), "",
                   _error_report(q), ""]

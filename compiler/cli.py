@@ -18,6 +18,7 @@ import numpy as np
 
 from . import __version__
 from .errors import KmlcError
+from .ir import c_text
 
 
 def _load_npy(path: str, what: str) -> np.ndarray:
@@ -147,7 +148,14 @@ def compile_cmd(model, input_shapes, outdir, targets, name, numerics, calibratio
     click.echo(f"kmlc: compiled {m['name']} ({m['numerics']}): {m['in_elems']} -> "
                f"{m['out_elems']} values, {m['kernels']} kernels, weights {m['weight_bytes']} B, "
                f"workspace {m['workspace_bytes']} B -> {outdir}/ [{', '.join(m['targets'])}]")
-    for o in (m["fixed"] or {}).get("outputs", []):
+    fx = m["fixed"] or {}
+    if fx.get("weight_bits"):
+        widths = ", ".join(f"{c_text(n)} int{b}" for n, b in fx["weight_bits"].items())
+        agree = fx.get("decision_agreement")
+        click.echo(f"kmlc: fixed point, weights: {widths}" + (
+            f" (decisions as float's on {agree:.2f}% of the calibration rows)"
+            if agree is not None else ""))
+    for o in fx.get("outputs", []):
         click.echo(f"kmlc: fixed point, output '{o['name']}': " + (
             f"|fixed - float| <= {o['error_bound']:.3g}" if "error_bound" in o else
             f"class as float's wherever its top-2 gap > {o['gap']:.3g}") +

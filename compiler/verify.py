@@ -272,6 +272,7 @@ def _split(g, row):
 def verify_fixed(model, *, calibration: np.ndarray, data: np.ndarray,
                  min_agreement: float = MIN_AGREEMENT, min_sqnr: float = MIN_SQNR,
                  weight_bits: str = "auto", input_margin: float = 0.0) -> FixedReport:
+    from . import decisions
     from .api import compile, load
     from .calibrate import check_rows
     from .passes.quantize import sqnr_db
@@ -290,16 +291,10 @@ def verify_fixed(model, *, calibration: np.ndarray, data: np.ndarray,
     for p, o in zip(prog.outputs, twin.fixed["outputs"]):
         sl = slice(p.buffer.offset, p.buffer.offset + p.buffer.numel)
         r, t = ref[:, sl], y[:, sl]
-        if o.get("index"):
-            agreement[p.name] = (int((r == t).all(axis=1).sum()), len(x), "class")
-            continue
-        if p.buffer.numel >= 2:
-            agree, how = np.argmax(r, axis=1) == np.argmax(t, axis=1), "argmax"
-        else:
-            cut = 0.5 if o.get("q15") else 0.0
-            agree, how = (r[:, 0] >= cut) == (t[:, 0] >= cut), f"decision (>= {cut:g})"
-        agreement[p.name] = (int(agree.sum()), len(x), how)
-        out_sqnr[p.name] = sqnr_db(r.astype(np.float64), t.astype(np.float64))
+        agreement[p.name] = (int(decisions.agree(r, t, o).sum()), len(x),
+                             decisions.how(p.buffer.numel, o))
+        if not o.get("index"):
+            out_sqnr[p.name] = sqnr_db(r.astype(np.float64), t.astype(np.float64))
     err = np.abs(y.astype(np.float64) - ref)
     name = model if isinstance(model, (str, Path)) else prog.name
     return FixedReport(str(name), len(x), float(err.max()), float(err.mean()), agreement,

@@ -54,38 +54,33 @@ static inline s64 kml_requant(s64 acc, u32 mult, unsigned int shift)
 	return kml_with_sign(acc, m);
 }
 
-/* The s64 whose two's complement bits are v (no implementation-defined cast). */
-static inline s64 kml_s64_from_u64(u64 v)
-{
-	return v >> 63 ? -(s64)~v - 1 : (s64)v;
-}
-
 /*
- * Paired outputs (passes/lower.py): two outputs' sums share one 128-bit
- * accumulator p = lo + hi * 2^bits, built with weights packed as
- * w_lo + w_hi * 2^bits, so that one 64 x 64 -> 128-bit multiply adds both
- * products.  Exact whenever |lo| < 2^(bits - 1), which the overflow proof
- * guarantees for every partial sum.  kml_pair_split(p, bits, a) stores lo
- * in a[0] and hi in a[1]; bits <= 62.
+ * Paired outputs (passes/lower.py): two outputs' sums share one 64-bit
+ * accumulator p = lo + hi * 2^32 (mod 2^64), built by multiplying x[k] by
+ * the pair of weights kml_pack2(w_lo, w_hi) = w_lo + w_hi * 2^32, packed at
+ * run time from the weights as stored (int8 or int16), so that one
+ * 64 x 64 -> 64-bit multiply adds both products.  Unsigned arithmetic
+ * wraps modulo 2^64 by definition, so every step is defined and p is
+ * exact modulo 2^64 whatever the partial sums were; kml_unpack2 recovers
+ * lo and hi exactly whenever the final sums lie in [-2^31, 2^31), which
+ * the overflow proof guarantees for every layer that uses it (its
+ * accumulator is s32).
  */
-static inline s64 kml_pair_lo(__int128 p, unsigned int bits)
+static inline u64 kml_pack2(s64 lo, s64 hi)
 {
-	u64 half = 1ULL << (bits - 1);
-
-	return (s64)(((u64)p & (2 * half - 1)) ^ half) - (s64)half;
+	return (u64)lo + ((u64)hi << 32);
 }
 
-static inline s64 kml_pair_hi(__int128 p, unsigned int bits)
+/* The low 32 bits of v as a signed value in [-2^31, 2^31). */
+static inline s64 kml_s32_of(u64 v)
 {
-	__uint128_t q = (__uint128_t)(p - kml_pair_lo(p, bits));
-
-	return kml_s64_from_u64((u64)(q >> bits));
+	return (s64)((v & 0xffffffffULL) ^ 0x80000000ULL) - 0x80000000LL;
 }
 
-static inline void kml_pair_split(__int128 p, unsigned int bits, s64 *a)
+static inline void kml_unpack2(u64 p, s64 *a)
 {
-	a[0] = kml_pair_lo(p, bits);
-	a[1] = kml_pair_hi(p, bits);
+	a[0] = kml_s32_of(p);
+	a[1] = kml_s32_of((p - (u64)a[0]) >> 32);
 }
 
 /*

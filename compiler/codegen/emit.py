@@ -354,7 +354,8 @@ def fixed_interface(prog: Program) -> dict | None:
     q = prog.quant
     if q is None:
         return None
-    enc = {"frac_bits": [], "lo": [], "hi": [], "outputs": []}
+    enc = {"frac_bits": [], "lo": [], "hi": [], "outputs": [],
+           "weight_bits": dict(q.weight_bits), "decision_agreement": q.decision_agreement}
     for p in prog.inputs:
         for key in ("frac_bits", "lo", "hi"):
             enc[key] += q.inputs[p.buffer.value][key]

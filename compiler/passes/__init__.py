@@ -8,7 +8,8 @@ after every stage, like MLIR's --mlir-print-ir-after-all.
 
 --numerics fixed adds, after the shared graph passes: fold-affine and
 fold-softmax-argmax (rewrites that are exact in real arithmetic), then
-calibration on the user's data, quantize (float graph -> integer graph) and
+calibration on the user's data, choose-widths (int8 or int16 weights per
+layer, by decision agreement), quantize (float graph -> integer graph) and
 bound-ranges (the overflow proof, which also fixes the integer multipliers)
 and error-bound (the compiler's own bound on |fixed - float|).
 """
@@ -23,6 +24,7 @@ from ..ir import Graph, fmt_attr, verify
 from ..planner import plan
 from ..schedule import Program
 from .bound_ranges import bound_ranges
+from .choose_widths import choose_widths
 from .eliminate_dead import eliminate_dead
 from .error_bound import error_bound
 from .fold_affine import fold_affine
@@ -92,7 +94,12 @@ def run_pipeline(g: Graph, numerics: str = "float",
                             "input, from which kmlc learns every tensor's range")
         cal = calibrate(g, calibration)
         float_graph = g
+        quant = choose_widths(g, cal, quant or QuantOptions())
         g, info = quantize(g, cal, quant)
+        info.decision_agreement = quant.decision_agreement
+        emit("choose-widths", "weight bits: " + fmt_attr(info.weight_bits) + (
+            f"\ndecisions agree with float on {info.decision_agreement:.2f}% of the "
+            "calibration rows" if info.decision_agreement is not None else ""))
         info.float_graph, info.calibration_rows = float_graph, cal.rows
         emit("quantize", str(verify(g)) + "\n\nweight bits: " + fmt_attr(info.weight_bits))
         g = verify(bound_ranges(g))

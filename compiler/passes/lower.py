@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KmlcError
-from ..ir import F32, I16, I32, I64, U8, U32, Graph, Value, c_identifier, fresh_namer
+from ..ir import F32, I16, I32, U8, U32, Graph, Value, c_identifier, fresh_namer
 from ..schedule import Buffer, Kernel, Port, Program
 
 C_RESERVED = {
@@ -82,22 +82,16 @@ F32_LANES = 4
 # of a tile is one accumulator in a general-purpose register; four leave
 # room for the pointers and counters among x86-64's 16 without spilling.
 # Integer sums are exact in any order (the overflow proof bounds every
-# partial sum), so tiling cannot change a bit.
+# partial sum), so tiling cannot change a bit.  Weights are stored at their
+# width (int8 or int16), tile by tile.
 QDENSE_TILE = 4
-# Paired outputs: where every partial sum is below 2^46 in magnitude, two
-# outputs share one 128-bit accumulator, lo + hi * 2^47, and one 64 x 64 ->
-# 128-bit multiply by the packed weight w[k][2j] + w[k][2j+1] * 2^47 adds
-# both products (|w| <= 2^15 keeps the packed weight in s64).  Half the
-# multiplies, twice the weight bytes (s64 per pair instead of two s16), so
-# only for int16 weights (--weight-bits 8 asks for small weights and keeps
-# one byte each) and only for layers whose packed weights stay within
-# PAIR_MAX_BYTES: large layers keep their int16 footprint, which also keeps
-# a model that fit the default weight budget fitting it.  kml_pair_split in
-# kml_fixed.h takes the sums apart.  Four pairs per tile.
-PAIR_BITS = 47
-PAIR_TILE = 4
-PAIR_MAX_BYTES = 256 << 10
-
+# Paired outputs: where the proof puts every sum in int32 (an s32
+# accumulator), two outputs share one 64-bit accumulator, lo + hi * 2^32
+# modulo 2^64, and one 64 x 64 -> 64-bit multiply by the weights packed at
+# run time (kml_pack2: w[k][2j] + w[k][2j+1] * 2^32) adds both products;
+# kml_unpack2 in kml_fixed.h takes the sums apart exactly.  Half the
+# multiplies, no extra bytes.  Four pairs (eight outputs) per tile.
+PAIR_TILE = 8
 
 class _Lowering:
     def __init__(self, g: Graph, numerics: str):
@@ -236,17 +230,10 @@ class _Lowering:
         # Tiles of outputs: x[k] is loaded once per tile, the tile's
         # accumulators stay in registers, its weights are adjacent.
         wkn = np.asarray(w.data, np.int64).T
-        if n >= 2 and w.type.dtype == I16 and a["acc_bound"] < 2**(PAIR_BITS - 1) \
-                and k * ((n + 1) // 2) * 8 <= PAIR_MAX_BYTES:
-            if n % 2:  # the last output's partner is a zero column
-                wkn = np.concatenate([wkn, np.zeros((k, 1), np.int64)], axis=1)
-            packed = wkn[:, 0::2] + wkn[:, 1::2] * (1 << PAIR_BITS)
-            wtiles, tiling = self.tiles(packed, I64, PAIR_TILE, w.name,
-                                        unit=f"output pairs (w[2j] + w[2j+1] * 2^{PAIR_BITS})",
-                                        merge=False, last_in_tail=n % 2 == 1)
-            tiling["pair_bits"] = PAIR_BITS
-        else:
-            wtiles, tiling = self.tiles(wkn, w.type.dtype, QDENSE_TILE, w.name)
+        pairs = a["acc"] == "i32" and n >= 2
+        wtiles, tiling = self.tiles(wkn, w.type.dtype, PAIR_TILE if pairs else QDENSE_TILE,
+                                    w.name)
+        tiling["pairs"] = pairs
         ops = {"x": self.operand(x, "x"), **wtiles, "b": self.const(b, "bias"),
                "mult": self.array("mult", a["mult"], U32),
                "shift": self.array("shift", a["shift"], U8)}

@@ -11,9 +11,9 @@ Guarantees about the graph it returns (docs/numerics.md, "Fixed point"):
   * every activation is int16 with a per-tensor scale and zero point chosen
     from its calibrated range widened by ``margin`` on each side (values
     beyond saturate); sigmoid and tanh outputs are Q0.15;
-  * dense weights are symmetric per output channel, int8 where the layer's
-    output keeps at least ``INT8_SQNR_DB`` of SQNR on the calibration data
-    with int8 weights, else int16 (``weight_bits`` forces either); the
+  * dense weights are symmetric per output channel, int8 or int16 as
+    ``weight_bits`` says (one width, or one per layer from
+    passes/choose_widths.py; a layer it does not name is int8); the
     per-feature input steps and centres are folded into the first layer's
     weights and bias; biases are integers at the accumulator's scale with
     the input zero point's term folded in;
@@ -33,7 +33,6 @@ from ..errors import KmlcError
 from ..ir import I8, I16, I32, I64, Graph, Op, TensorType, Value, const, fresh_namer
 from ..qmath import LUT_FUNCS, round_shift
 
-INT8_SQNR_DB = 60.0
 MARGIN = 0.25
 # A bias takes at most 2^BIAS_BITS accumulator steps: past that the weight
 # step of its channel grows (the weights' share is negligible beside the
@@ -63,10 +62,11 @@ class FirstLayer:
 
 @dataclass
 class QuantOptions:
-    weight_bits: str = "auto"                  # auto | 8 | 16
+    weight_bits: str | dict = "auto"           # auto | 8 | 16 | {node: 8 or 16}
     input_frac_bits: list[int] | None = None   # per input element, or one for all
     margin: float = MARGIN
     input_margin: float = 0.0                  # inputs' range widened by this, each side
+    decision_agreement: float | None = None    # passes/choose_widths.py's measure, percent
 
 
 @dataclass
@@ -80,6 +80,7 @@ class QuantInfo:
     params: dict[Value, QParams] = field(default_factory=dict)
     weight_bits: dict[str, int] = field(default_factory=dict)   # node -> 8 | 16
     sqnr_int8: dict[str, float] = field(default_factory=dict)
+    decision_agreement: float | None = None   # with these widths, percent (choose_widths)
     # per qdense output: what passes/error_bound.py needs of the layer, in
     # its input's real coordinates (the first layer: the encoded steps)
     dense_error: dict[Value, dict] = field(default_factory=dict)
@@ -131,6 +132,15 @@ def encode_input(lo, hi, frac_bits):
         while int(round_shift(h, int(shift[i]))) > 32767:
             shift[i] += 1
     return qlo, qhi, centre, shift
+
+
+def encode_rows(x: np.ndarray, frac_bits) -> np.ndarray:
+    """Float feature rows as a fixed model's int32 input: in[i] =
+    round(x_i * 2^F_i), ties away from zero, saturated to int32 (what the
+    twin's encode and the hooks' features give the module)."""
+    v = np.asarray(x, np.float64) * np.ldexp(1.0, np.asarray(frac_bits))
+    v = np.sign(v) * np.floor(np.abs(v) + 0.5)
+    return np.clip(v, -2**31, 2**31 - 1).astype(np.int32)
 
 
 def quantize_weights(w: np.ndarray, bits: int):
@@ -322,9 +332,8 @@ class _Quantizer:
         ref = xs @ wf
         q8, s8 = quantize_weights(wf, 8)
         self.info.sqnr_int8[node] = sqnr_db(ref, xs @ (q8 * s8))
-        forced = self.opts.weight_bits
-        bits = int(forced) if forced != "auto" else \
-            (8 if self.info.sqnr_int8[node] >= INT8_SQNR_DB else 16)
+        forced = self.opts.weight_bits     # "8", "16", or a width per node
+        bits = forced.get(node, 8) if isinstance(forced, dict) else int(forced)
         self.info.weight_bits[node] = bits
         if bits == 8:
             return q8, s8, 8

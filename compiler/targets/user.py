@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import KmlcError
+from ..passes.quantize import encode_rows
 
 # Flags every twin build uses: the determinism contract, and warnings as the
 # kernel would show them.  The generated Makefile repeats them.
@@ -160,9 +161,7 @@ class Twin:
             r, c = np.argwhere(bad)[0]
             raise KmlcError(f"input row {r} holds {x[r, c]} (column {c}); a fixed-point model "
                             "takes finite values only")
-        v = x.astype(np.float64) * np.ldexp(1.0, np.array(self.fixed["frac_bits"]))
-        v = np.sign(v) * np.floor(np.abs(v) + 0.5)
-        return np.clip(v, -2**31, 2**31 - 1).astype(np.int32)
+        return encode_rows(x, self.fixed["frac_bits"])
 
     def decode(self, q: np.ndarray) -> np.ndarray:
         """Raw outputs as float32 rows: real = (q - zero_point) * scale per

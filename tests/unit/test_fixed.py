@@ -172,14 +172,53 @@ def test_weight_bits_forced_and_auto():
         p = lower_model(m, name="wb", numerics="fixed", calibration=sample_rows(),
                         weight_bits=bits)
         assert set(p.quant.weight_bits.values()) == {int(bits)}
-        # int16 weights may be stored in packed pairs, one s64 per two (passes/lower.py)
-        stored = (dtype,) if bits == "8" else (dtype, np.int64)
         w = [b for b in p.buffers("const") if b.name.endswith(("_w", "_w_tail"))]
-        assert w and all(b.data.dtype in stored for b in w)
+        assert w and all(b.data.dtype == dtype for b in w)     # stored at their width
+        assert p.quant.decision_agreement is None               # forced: nothing measured
     p = lower_model(m, name="wb", numerics="fixed", calibration=sample_rows())
     assert set(p.quant.weight_bits.values()) <= {8, 16}
-    for node, db in p.quant.sqnr_int8.items():
-        assert p.quant.weight_bits[node] == (8 if db >= 60.0 else 16)
+    assert p.quant.decision_agreement >= 99.9
+
+
+def test_auto_widens_the_layers_decisions_need(monkeypatch):
+    """--weight-bits auto: int8 everywhere when decisions hold; when they do
+    not, int16 for the layers with the least int8 SQNR first, until the
+    decisions on the calibration rows agree with float on >= 99.9% (the
+    agreement measured here independently, with onnxruntime on the same rows
+    through the twin's encoding and the integer evaluator)."""
+    import importlib
+
+    cw = importlib.import_module("kmlc.passes.choose_widths")
+    m = mlp_model([6, 24, 12, 3], seed=3)
+    x = np.random.default_rng(4).normal(size=(800, 6)).astype(np.float32)
+    p8 = lower_model(m, name="wb", numerics="fixed", calibration=x)
+    assert set(p8.quant.weight_bits.values()) == {8}
+    # demand more than int8 can give: every layer ends int16, in SQNR order
+    seen = []
+    real = cw.agreement
+
+    def strict(g, cal, qg, info):
+        seen.append(dict(info.weight_bits))
+        return min(real(g, cal, qg, info), 99.0 if 8 in info.weight_bits.values() else 100.0)
+    monkeypatch.setattr(cw, "agreement", strict)
+    p = lower_model(m, name="wb", numerics="fixed", calibration=x)
+    assert set(p.quant.weight_bits.values()) == {16}
+    order = sorted(p8.quant.sqnr_int8, key=p8.quant.sqnr_int8.get)
+    widened = [next(n for n in order if s[n] == 16 and b[n] == 8)
+               for b, s in zip(seen, seen[1:])]
+    assert widened == order[:len(widened)] and len(seen) == len(order) + 1
+    monkeypatch.setattr(cw, "agreement", real)
+    # the measure itself, against onnxruntime's float decisions
+    from kmlc.verify import reference_outputs
+    ref = reference_outputs(m, p8, x)
+    g = p8.quant.int_graph
+    frac = p8.quant.inputs[g.inputs[0].name]["frac_bits"]
+    raw = cw.encode_rows(x, frac)
+    o = p8.quant.outputs[g.outputs[0].name]
+    got = np.stack([interpret(g, r[None])[0].reshape(-1) for r in raw]).astype(np.float64)
+    got = (got - o["zp"]) * o["scale"]
+    want = 100.0 * (np.argmax(ref, 1) == np.argmax(got, 1)).mean()
+    assert abs(want - p8.quant.decision_agreement) <= 100.0 / len(x) + 1e-9
 
 
 @pytest.mark.parametrize("data,words", [

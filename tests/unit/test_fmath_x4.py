@@ -4,8 +4,8 @@ scalar definitions, bit for bit.
 * kml_math.h's four-lane functions (kml_expf_x4, kml_sigmoidf_x4, ...) must
   give, in every lane, the bits of the scalar function on that lane's input:
   the float kernels apply them to four outputs at once.
-* kml_fixed.h's paired accumulators (kml_pair_split) must return both sums
-  exactly, and kml_requant_relu must be kml_requant followed by a ReLU clamp.
+* kml_fixed.h's paired accumulators (kml_pack2, kml_unpack2) must return
+  both sums exactly whenever they fit int32, and kml_requant_relu must be kml_requant followed by a ReLU clamp.
 The scalar functions are the contract's reference (tests/unit/test_fmath.py,
 test_qmath.py check them against their Python mirrors)."""
 import ctypes
@@ -50,16 +50,16 @@ void eval(int fn, const float *x, float *y, float *z, unsigned long n)
 	}
 }
 
-/* sums of x[k] * w0[k] and x[k] * w1[k], accumulated as one packed pair */
-void pairs(const s64 *x, const s64 *w0, const s64 *w1, unsigned long n, unsigned int bits,
-	   s64 *out)
+/* sums of x[k] * w0[k] and x[k] * w1[k], accumulated as one packed pair,
+ * as the paired kernels take them */
+void pairs(const s16 *x, const s16 *w0, const s16 *w1, unsigned long n, s64 *out)
 {
-	__int128 p = 0;
+	u64 p = 0;
 	unsigned long k;
 
 	for (k = 0; k < n; k++)
-		p += (__int128)x[k] * (w0[k] + w1[k] * (s64)(1ULL << bits));
-	kml_pair_split(p, bits, out);
+		p += (u64)x[k] * kml_pack2(w0[k], w1[k]);
+	kml_unpack2(p, out);
 }
 
 void relu(const s64 *acc, const u32 *mult, const u8 *shift, unsigned long n, s64 *a, s64 *b)
@@ -74,14 +74,18 @@ void relu(const s64 *acc, const u32 *mult, const u8 *shift, unsigned long n, s64
 """
 
 
-@pytest.fixture(scope="module", params=["gcc -O2", "gcc -O0", "clang -O2"])
+UBSAN = ["-fsanitize=undefined", "-fno-sanitize-recover=all", "-fsanitize-undefined-trap-on-error"]
+
+
+@pytest.fixture(scope="module", params=["gcc -O2", "gcc -O0", "clang -O2", "gcc -O1 ubsan"])
 def lib(request, tmp_path_factory):
-    cc, opt = request.param.split()
+    cc, opt, *san = request.param.split()
     d = tmp_path_factory.mktemp("fmath_x4")
     (d / "h.c").write_text(HARNESS)
     so = d / "h.so"
     subprocess.run([cc, opt, "-std=gnu11", "-ffp-contract=off", "-fPIC", "-shared", "-Wall",
-                    "-Werror", f"-I{RUNTIME}", "-o", so, d / "h.c"], check=True)
+                    "-Werror", *(UBSAN if san else []), f"-I{RUNTIME}", "-o", so, d / "h.c"],
+                   check=True)
     return ctypes.CDLL(str(so))
 
 
@@ -111,23 +115,32 @@ def test_four_lanes_are_the_scalar_function(lib, fn):
     assert same.all(), f"x={x[~same][0]!r}: lanes {y[~same][0]!r}, scalar {z[~same][0]!r}"
 
 
-def test_pair_split_is_exact(lib):
+def test_pairs_are_exact_up_to_the_int32_edges(lib):
+    """Exact whenever both sums lie in [-2^31, 2^31), the proof's condition
+    for pairing, however far the partial sums go (they wrap modulo 2^64,
+    which unsigned arithmetic defines); Python integers are the oracle.
+    The library is also built with UBSan trapping (the fixture's third
+    build): no signed overflow, no shift of a negative value."""
     rng = np.random.default_rng(4)
     out = np.zeros(2, np.int64)
+    edge = 0
     for trial in range(3000):
         n = int(rng.integers(1, 300))
-        x = rng.integers(-32768, 32768, n).astype(np.int64)
-        w0 = rng.integers(-32768, 32768, n).astype(np.int64)
-        w1 = rng.integers(-32768, 32768, n).astype(np.int64)
+        x = rng.integers(-32768, 32768, n).astype(np.int16)
+        w0 = rng.integers(-32767, 32768, n).astype(np.int16)
+        w1 = rng.integers(-32767, 32768, n).astype(np.int16)
         if trial % 3 == 0:  # extremes: the largest sums the lanes must hold
-            x[:] = -32768
-            w0[:] = rng.choice([-32768, 32767])
-            w1[:] = rng.choice([-32768, 32767])
-        s0, s1 = int((x * w0).sum()), int((x * w1).sum())
-        bits = 47 if trial % 2 else max(abs(s0).bit_length() + 1, 32)
-        assert abs(s0) < 2**(bits - 1)
-        lib.pairs(p(x), p(w0), p(w1), ctypes.c_ulong(n), ctypes.c_uint(bits), p(out))
-        assert (int(out[0]), int(out[1])) == (s0, s1), (trial, bits)
+            m = min(n, 2)   # 2 * 32768 * 32767 < 2^31
+            x[:], w0[:], w1[:] = 0, 0, 0
+            x[:m] = rng.choice([-32768, 32767])
+            w0[:m], w1[:m] = rng.choice([-32767, 32767]), rng.choice([-32767, 32767])
+        s0 = int((x.astype(object) * w0.astype(object)).sum())
+        s1 = int((x.astype(object) * w1.astype(object)).sum())
+        lib.pairs(p(x), p(w0), p(w1), ctypes.c_ulong(n), p(out))
+        if all(-2**31 <= s < 2**31 for s in (s0, s1)):
+            assert (int(out[0]), int(out[1])) == (s0, s1), trial
+            edge += max(abs(s0), abs(s1)) >= 2**30
+    assert edge > 300, edge   # sums near the edge were exercised
 
 
 def test_requant_relu_is_requant_then_relu_clamp(lib):

@@ -53,12 +53,13 @@ def test_float_layouts():
     assert np.array_equal(k1.operands["w"].data[1, 4], wt[16:32, 4])
 
 
-@pytest.mark.parametrize("h", [1, 2, 5, 8, 9, 15, 23])
-def test_fixed_pairs_are_the_integer_reference(h, tmp_path):
+@pytest.mark.parametrize("h,bits", [(h, b) for h in (1, 2, 5, 8, 9, 15, 23) for b in "8"]
+                         + [(5, "16"), (23, "16")])
+def test_fixed_pairs_are_the_integer_reference(h, bits, tmp_path):
     m = mlp_model([6, h, 5, 3], act="Relu", seed=h)
     cal = rows(6, 2000, seed=1)
     res = kcompile(m, tmp_path / "o", targets="user", numerics="fixed", calibration=cal,
-                   name="tl", weight_bits="16")
+                   name="tl", weight_bits=bits)
     twin = load(tmp_path / "o")
     r = np.random.default_rng(2)
     raw = np.concatenate([twin.encode(rows(6, 200, seed=3)),
@@ -68,25 +69,35 @@ def test_fixed_pairs_are_the_integer_reference(h, tmp_path):
                     for row in raw])
     assert np.array_equal(twin.run_raw(raw), ref.astype(np.int32))
     dense = [k for k in res.program.kernels if k.kind == "qdense"]
-    paired = [k for k in dense if "pair_bits" in k.params["tiles"]]
-    assert paired == [k for k in dense if k.params["n"] >= 2]
+    paired = [k for k in dense if k.params["tiles"]["pairs"]]
+    # pairs exactly where the proof puts every sum in int32
+    assert paired == [k for k in dense if k.params["n"] >= 2 and k.params["acc"] == "i32"]
+    assert paired or bits == "16"
 
 
-def test_fixed_pairs_only_where_they_pay():
-    cal = rows(6, 2000, seed=1)
-    # int8 weights keep one byte each: never paired
-    p = lower_model(mlp_model([6, 16, 4]), name="tl", numerics="fixed", calibration=cal,
-                    weight_bits="8")
-    assert all("pair_bits" not in k.params["tiles"] for k in p.kernels if k.kind == "qdense")
-    # a layer whose packed weights would pass PAIR_MAX_BYTES keeps s16 weights
-    big = lowering.PAIR_MAX_BYTES // 8 * 2 // 64 + 2   # outputs of a 64-input layer
-    p = lower_model(mlp_model([64, big, 4]), name="tl", numerics="fixed",
-                    calibration=rows(64, 500, seed=1), weight_bits="16")
-    k1, k2 = [k for k in p.kernels if k.kind == "qdense"]
-    assert "pair_bits" not in k1.params["tiles"] and k1.operands["w"].data.dtype == np.int16
-    assert "pair_bits" in k2.params["tiles"]
-    # the packed weight holds both int16 weights, 2^47 apart
-    w = k2.operands.get("w", k2.operands.get("w_tail")).data
-    lo = (w + 2**46) % 2**47 - 2**46
-    hi = (w - lo) // 2**47
-    assert np.abs(lo).max() <= 32767 and np.abs(hi).max() <= 32767
+@pytest.mark.parametrize("bits", ["8", "16"])
+def test_fixed_weights_are_stored_at_their_width(bits, tmp_path):
+    """Every weight array holds one int8 or int16 per weight, in the
+    layer's width; KML_<NAME>_WEIGHT_BYTES is what the twin's object file
+    holds in static constants (nm -S, an independent count)."""
+    import subprocess
+
+    m = mlp_model([11, 128, 16, 1], act="Relu", seed=4)
+    res = kcompile(m, tmp_path / "o", targets="user", numerics="fixed",
+                   calibration=rows(11, 2000, seed=1), name="wd", weight_bits=bits)
+    dt = np.int8 if bits == "8" else np.int16
+    w = [b for b in res.program.buffers("const") if b.name.endswith(("_w", "_w_tail"))]
+    assert sum(b.data.size for b in w) == 11 * 128 + 128 * 16 + 16
+    assert all(b.data.dtype == dt for b in w)
+    header = (tmp_path / "o" / "user" / "wd.h").read_text()
+    declared = int(header.split("KML_WD_WEIGHT_BYTES ")[1].split()[0])
+    obj = tmp_path / "o.o"
+    subprocess.run(["gcc", "-c", "-O0", f"-I{tmp_path / 'o' / 'user'}", "-o", obj,
+                    tmp_path / "o" / "user" / "wd_fx.c"], check=True)
+    syms = subprocess.run(["nm", "-S", obj], capture_output=True, text=True, check=True).stdout
+    sizes = {ln.split()[3]: int(ln.split()[1], 16) for ln in syms.splitlines()
+             if len(ln.split()) == 4 and ln.split()[2] in "rR"}
+    model = {n: s for n, s in sizes.items() if n.startswith("k") and "_" in n}
+    assert sum(model.values()) == declared, (model, declared)
+    assert sum(s for n, s in model.items() if n.endswith(("_w", "_w_tail"))) == \
+        (11 * 128 + 128 * 16 + 16) * dt().itemsize
