@@ -117,7 +117,7 @@ def check_budget(prog: Program, max_weight_bytes: int, max_workspace_bytes: int)
 
 def lower_model(model, example_inputs=None, *, params=None, name: str | None = None,
                 numerics: str = "float", print_after: Callable[[str, str], None] | None = None,
-                calibration: np.ndarray | None = None, weight_bits: str = "auto",
+                calibration: np.ndarray | None = None, weight_bits: str | list = "auto",
                 input_frac_bits: list[int] | None = None, input_margin: float = 0.0) -> Program:
     """Frontend and passes: a model (see ``compile``) to a planned program.
     Fixed point needs ``calibration`` rows."""
@@ -136,7 +136,8 @@ def lower_model(model, example_inputs=None, *, params=None, name: str | None = N
         raise KmlcError(f"--input-margin {input_margin:g}: expected a fraction of the "
                         "calibrated range in 0..10")
     return run_pipeline(graph, numerics, print_after, calibration,
-                        QuantOptions(str(weight_bits), input_frac_bits,
+                        QuantOptions(weight_bits if isinstance(weight_bits, (list, tuple))
+                                     else str(weight_bits), input_frac_bits,
                                      input_margin=float(input_margin)))
 
 
@@ -147,7 +148,7 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
             seed: int = 0, max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
             max_workspace_bytes: int = DEFAULT_MAX_WORKSPACE_BYTES,
             cc: str | None = None, calibration: np.ndarray | None = None,
-            weight_bits: str = "auto", input_frac_bits: list[int] | None = None,
+            weight_bits: str | list = "auto", input_frac_bits: list[int] | None = None,
             input_margin: float = 0.0, hooks=(), hook_params=()) -> CompileResult:
     """Compile ``model`` into ``outdir``; the frontend follows the model's type:
 

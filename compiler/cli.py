@@ -107,7 +107,8 @@ _INPUT_SHAPE = click.option(
 @click.option("--calibration", type=click.Path(dir_okay=False),
               help="Rows (N, in_elems) .npy of realistic inputs, for --numerics fixed.")
 @click.option("--weight-bits", default="auto", show_default=True,
-              type=click.Choice(["auto", "8", "16"]), help="Fixed point: weight width per layer.")
+              help="Fixed point: weight width: auto (int8 wherever decisions hold), 8, 16, or "
+              "one per dense layer in model order (8,16,8: pins what auto picked).")
 @click.option("--input-frac-bits", help="Fixed point: fraction bits of the int32 inputs, one "
               "value or one per input element (default: chosen from the calibration range).")
 @click.option("--input-margin", default=0.0, show_default=True, type=float,
@@ -236,8 +237,7 @@ def run(outdir, input_, output):
               type=click.Choice(["float", "fixed"]))
 @click.option("--calibration", type=click.Path(dir_okay=False),
               help="Fixed: calibration rows .npy.")
-@click.option("--weight-bits", default="auto", show_default=True,
-              type=click.Choice(["auto", "8", "16"]))
+@click.option("--weight-bits", default="auto", show_default=True, help="Fixed: as for compile.")
 @click.option("--input-margin", default=0.0, show_default=True, type=float,
               help="Fixed: as for compile.")
 @click.option("--min-agreement", default=99.0, show_default=True,

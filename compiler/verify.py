@@ -271,7 +271,7 @@ def _split(g, row):
 
 def verify_fixed(model, *, calibration: np.ndarray, data: np.ndarray,
                  min_agreement: float = MIN_AGREEMENT, min_sqnr: float = MIN_SQNR,
-                 weight_bits: str = "auto", input_margin: float = 0.0) -> FixedReport:
+                 weight_bits: str | list = "auto", input_margin: float = 0.0) -> FixedReport:
     from . import decisions
     from .api import compile, load
     from .calibrate import check_rows

@@ -14,7 +14,10 @@ Guarantees: the widths it returns give decisions agreeing with float on
 at least MIN_AGREEMENT percent of the (at most ``ROWS``) calibration rows
 it evaluates, or are all int16; it records the agreement it measured
 (``QuantInfo.decision_agreement``, in percent) for reports.  Forced widths
-(``--weight-bits 8|16``) pass through unchanged.
+(``--weight-bits 8|16``) pass through unchanged; a list of widths, one per
+dense layer in graph order (``--weight-bits 16,16,8``: what auto printed,
+pinned), becomes the per-layer widths, or a one-line error when its count
+or values do not fit the model.
 """
 from __future__ import annotations
 
@@ -24,10 +27,11 @@ import numpy as np
 
 from .. import decisions
 from ..calibrate import Calibration
-from ..ir import Graph, verify
+from ..errors import KmlcError
+from ..ir import Graph, c_text, verify
 from ..ops import run_all
 from .bound_ranges import bound_ranges
-from .quantize import QuantOptions, encode_rows, quantize
+from .quantize import QuantOptions, encode_rows, layer_name, quantize
 
 MIN_AGREEMENT = 99.9   # percent of calibration rows
 ROWS = 2000            # calibration rows evaluated, evenly spread
@@ -60,10 +64,28 @@ def agreement(g: Graph, cal: Calibration, qg: Graph, info) -> float:
     return 100.0 * ok.mean()
 
 
+def pinned(g: Graph, widths) -> dict[str, int]:
+    """Widths given one per dense layer, in graph order, as node -> bits."""
+    items = widths.split(",") if isinstance(widths, str) else list(widths)
+    layers = [layer_name(op) for op in g.ops if op.kind == "dense"]
+    bad = [str(w).strip() for w in items if str(w).strip() not in ("8", "16")]
+    if bad or len(items) != len(layers):
+        raise KmlcError(f"--weight-bits {c_text(','.join(map(str, items)))}: expected one width "
+                        f"(8 or 16) for each of the model's {len(layers)} dense layer(s), in "
+                        "order: " + ", ".join(c_text(n) for n in layers))
+    return {n: int(str(w).strip()) for n, w in zip(layers, items)}
+
+
 def choose_widths(g: Graph, cal: Calibration, opts: QuantOptions) -> QuantOptions:
     """``opts`` with ``weight_bits`` a width per dense layer (node name ->
     8 or 16), chosen as the module docstring says; and the agreement."""
-    if opts.weight_bits != "auto":
+    wb = opts.weight_bits
+    if isinstance(wb, str) and "," in wb or isinstance(wb, (list, tuple)):
+        return replace(opts, weight_bits=pinned(g, wb))
+    if wb not in ("auto", "8", "16"):
+        raise KmlcError(f"--weight-bits {c_text(str(wb))}: expected auto, 8, 16, or one "
+                        "width (8 or 16) per dense layer, comma-separated")
+    if wb != "auto":
         return opts
     widths: dict[str, int] = {}
     while True:

@@ -96,6 +96,13 @@ def _fail(op: Op, msg: str):
                     f"fixed point compiles {', '.join(SUPPORTED_FIXED)}")
 
 
+def layer_name(op: Op) -> str:
+    """A dense layer's name in reports and ``weight_bits``: its MatMul or
+    Gemm node."""
+    return next((o for o in op.origin if o.endswith(("(Gemm)", "(MatMul)"))),
+                op.origin[0] if op.origin else op.kind)
+
+
 def _check_alpha(op: Op, alpha: float) -> None:
     if not np.isfinite(alpha):
         _fail(op, f"LeakyRelu with alpha {alpha}")
@@ -327,8 +334,7 @@ class _Quantizer:
         self.info.dense_error[out] = rec
 
     def weights(self, op: Op, wf: np.ndarray, xs: np.ndarray):
-        node = next((o for o in op.origin if o.endswith(("(Gemm)", "(MatMul)"))),
-                    op.origin[0] if op.origin else op.kind)
+        node = layer_name(op)
         ref = xs @ wf
         q8, s8 = quantize_weights(wf, 8)
         self.info.sqnr_int8[node] = sqnr_db(ref, xs @ (q8 * s8))

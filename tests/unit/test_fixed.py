@@ -1,6 +1,7 @@
 """Fixed point, pass by pass, on hand-built graphs: the rewrites before
 quantization, the overflow proof, the encoding contract and the errors."""
 import copy
+import re
 
 import numpy as np
 import onnx
@@ -219,6 +220,34 @@ def test_auto_widens_the_layers_decisions_need(monkeypatch):
     got = (got - o["zp"]) * o["scale"]
     want = 100.0 * (np.argmax(ref, 1) == np.argmax(got, 1)).mean()
     assert abs(want - p8.quant.decision_agreement) <= 100.0 / len(x) + 1e-9
+
+
+def test_pinned_widths_reproduce_auto(tmp_path):
+    """What auto picked, given back one width per layer (as kmlc compile
+    prints it), gives the same C; a list that does not fit the model is
+    one line naming its layers, exit 1."""
+    m = mlp_model([6, 24, 12, 3], seed=3)
+    x = np.random.default_rng(4).normal(size=(800, 6)).astype(np.float32)
+    onnx.save(m, tmp_path / "m.onnx")
+    np.save(tmp_path / "c.npy", x)
+    widths = {"fc0 (Gemm)": 16, "fc1 (Gemm)": 8, "fc2 (Gemm)": 16}
+    p = lower_model(m, name="pn", numerics="fixed", calibration=x, weight_bits=[16, 8, 16])
+    assert p.quant.weight_bits == widths
+    base = ["compile", tmp_path / "m.onnx", "--target", "user", "--numerics", "fixed",
+            "--calibration", tmp_path / "c.npy", "--name", "pn"]
+    auto = kmlc_cli(*base, "-o", tmp_path / "a")
+    line = next(ln for ln in auto.stdout.splitlines() if "fixed point, weights:" in ln)
+    pin = ",".join(re.findall(r"\) int(8|16)", line))     # as printed: "fc0 (Gemm) int8, ..."
+    assert len(pin.split(",")) == 3, line
+    res = kmlc_cli(*base, "-o", tmp_path / "p", "--weight-bits", pin)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "p/user/pn_fx.c").read_text() == (tmp_path / "a/user/pn_fx.c").read_text()
+    for bad in ("16,8", "8,8,8,8", "8,12,8", "x", "8,,8"):
+        r = kmlc_cli("compile", tmp_path / "m.onnx", "-o", tmp_path / "bad", "--numerics",
+                     "fixed", "--calibration", tmp_path / "c.npy", "--weight-bits", bad)
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, (bad, r.stderr)
+        assert "--weight-bits" in r.stderr and not (tmp_path / "bad").exists()
+        assert "," not in bad or "fc0 (Gemm), fc1 (Gemm), fc2 (Gemm)" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("data,words", [
