@@ -80,7 +80,7 @@ def choose_widths(g: Graph, cal: Calibration, opts: QuantOptions) -> QuantOption
     """``opts`` with ``weight_bits`` a width per dense layer (node name ->
     8 or 16), chosen as the module docstring says; and the agreement."""
     wb = opts.weight_bits
-    if isinstance(wb, str) and "," in wb or isinstance(wb, (list, tuple)):
+    if isinstance(wb, (list, tuple)) or (isinstance(wb, str) and "," in wb):
         return replace(opts, weight_bits=pinned(g, wb))
     if wb not in ("auto", "8", "16"):
         raise KmlcError(f"--weight-bits {c_text(str(wb))}: expected auto, 8, 16, or one "

@@ -93,6 +93,7 @@ QDENSE_TILE = 4
 # multiplies, no extra bytes.  Four pairs (eight outputs) per tile.
 PAIR_TILE = 8
 
+
 class _Lowering:
     def __init__(self, g: Graph, numerics: str):
         self.g = g
