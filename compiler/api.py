@@ -192,8 +192,12 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
         prog, ts, source=source, sha256=sha, user_cflags=" ".join(user.CFLAGS), goldens=goldens)
 
     outdir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.kmlc-", dir=outdir.parent))
+    tmp = None
     try:
+        # a signal between mkdtemp's mkdir and the assignment would leave
+        # the directory behind: hold them until tmp names it
+        with _signals_held():
+            tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.kmlc-", dir=outdir.parent))
         # The twin comes first: KUnit's golden outputs are its results.
         twin_dir = tmp / ("user" if "user" in targets else ".twin")
         _write(twin_dir, {rel.split("/", 1)[1]: text for rel, text in render(["user"]).items()})
@@ -216,7 +220,8 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
         (tmp / "report.txt").write_text(_report(prog))
         _replace(tmp, outdir)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return CompileResult(outdir, prog, manifest, _warnings(prog))
 

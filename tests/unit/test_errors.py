@@ -248,6 +248,33 @@ def test_run_output_names_the_file_written_and_refuses_nan_in_fixed_point(tmp_pa
     assert len(res.stderr.strip().splitlines()) == 1 and "Warning" not in res.stderr
 
 
+def test_a_signal_as_the_temporary_directory_appears(tmp_path, monkeypatch):
+    """Found under load by the test below: SIGTERM right after mkdtemp made
+    the directory, before compile held its name, left it behind.  Here the
+    signal arrives at exactly that point, every time."""
+    import os
+    import signal
+    import tempfile
+
+    import kmlc.api
+    from kmlc.cli import _terminated
+
+    real = tempfile.mkdtemp
+
+    def mkdtemp_then_signal(*a, **k):
+        d = real(*a, **k)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return d
+    monkeypatch.setattr(kmlc.api.tempfile, "mkdtemp", mkdtemp_then_signal)
+    old = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            kmlc.api.compile(mlp_model([3, 4, 2]), tmp_path / "out", targets="user")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_interrupted_compile_leaves_nothing(tmp_path, sig):
     """A compile interrupted once its temporary directory exists (SIGINT or
