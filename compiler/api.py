@@ -14,6 +14,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -275,28 +276,44 @@ HOOK_HEADERS = {"kml_hook.h", "kml_features.h", "kml_admit_trace.h", "kml_ra_tra
 
 def _replace(tmp: Path, outdir: Path) -> None:
     """The finished ``tmp`` becomes ``outdir``, the previous one removed.
-    SIGINT and SIGTERM wait until both renames are done (a signal between
-    them would leave no OUTDIR at all)."""
+    SIGINT and SIGTERM wait until both renames and the removal are done (a
+    signal between the renames would leave no OUTDIR at all, one during
+    the removal part of the old one)."""
     if outdir.exists():
         _check_outdir(outdir)
         old = outdir.with_name(f".{outdir.name}.kmlc-old")
         shutil.rmtree(old, ignore_errors=True)
-        with _signals_held():
-            outdir.rename(old)
-            tmp.rename(outdir)
-        shutil.rmtree(old)
+        with _signals_held():          # and until the old one is gone: a
+            outdir.rename(old)         # signal inside rmtree would leave
+            tmp.rename(outdir)         # part of it behind
+            shutil.rmtree(old)
     else:
         tmp.rename(outdir)
 
 
 @contextlib.contextmanager
 def _signals_held():
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    """SIGINT and SIGTERM wait until the block is done, then take effect as
+    they would have.  Python runs signal handlers in the main thread
+    whichever thread the kernel delivered the signal to (a process with
+    onnxruntime's or BLAS's threads has several), so the handlers defer
+    them, not a signal mask, which holds only the thread that sets it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield                        # handlers can only be set in the main thread
+        return
+    got = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, h in old.items():
+            signal.signal(s, h)
+        for s in dict.fromkeys(got):
+            if callable(old[s]):
+                old[s](s, None)          # KeyboardInterrupt, as the CLI's handlers raise
+            elif old[s] == signal.SIG_DFL:
+                signal.raise_signal(s)
 
 
 def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> dict:

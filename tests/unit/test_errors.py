@@ -248,31 +248,43 @@ def test_run_output_names_the_file_written_and_refuses_nan_in_fixed_point(tmp_pa
     assert len(res.stderr.strip().splitlines()) == 1 and "Warning" not in res.stderr
 
 
-def test_a_signal_as_the_temporary_directory_appears(tmp_path, monkeypatch):
+@pytest.mark.parametrize("point", ["mkdtemp", "rmtree"])
+def test_a_signal_at_the_worst_moment(tmp_path, monkeypatch, point):
     """Found under load by the test below: SIGTERM right after mkdtemp made
-    the directory, before compile held its name, left it behind.  Here the
-    signal arrives at exactly that point, every time."""
+    the temporary directory (before compile held its name), or while the
+    previous OUTDIR was being removed, left a directory behind.  Here the
+    signal arrives at exactly those points, every time: nothing is left
+    but OUTDIR, whole (the old one, or the new one once the swap began)."""
     import os
     import signal
-    import tempfile
 
     import kmlc.api
     from kmlc.cli import _terminated
 
-    real = tempfile.mkdtemp
+    out = tmp_path / "out"
+    if point == "rmtree":
+        kmlc.api.compile(mlp_model([3, 4, 2]), out, targets="user")
+    mod = kmlc.api.tempfile if point == "mkdtemp" else kmlc.api.shutil
+    real = getattr(mod, point)
 
-    def mkdtemp_then_signal(*a, **k):
-        d = real(*a, **k)
-        os.kill(os.getpid(), signal.SIGTERM)
-        return d
-    monkeypatch.setattr(kmlc.api.tempfile, "mkdtemp", mkdtemp_then_signal)
+    def then_signal(*a, **k):
+        if point == "mkdtemp":              # the directory exists, unnamed yet
+            r = real(*a, **k)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return r
+        if ".kmlc-old" in str(a[0]) and os.path.exists(a[0]):   # the old OUTDIR's removal
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **k)
+    monkeypatch.setattr(mod, point, then_signal)
     old = signal.signal(signal.SIGTERM, _terminated)
     try:
         with pytest.raises(KeyboardInterrupt):
-            kmlc.api.compile(mlp_model([3, 4, 2]), tmp_path / "out", targets="user")
+            kmlc.api.compile(mlp_model([3, 4, 2], seed=1), out, targets="user")
     finally:
         signal.signal(signal.SIGTERM, old)
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ([] if point == "mkdtemp" else ["out"])
+    if point == "rmtree":
+        assert (out / "kmlc.json").is_file() and (out / "user").is_dir()
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
