@@ -231,7 +231,14 @@ def _warnings(prog: Program) -> list[str]:
     from .passes.error_bound import requant_warnings
     from .verify import MIN_SQNR
 
-    return requant_warnings(prog.quant, MIN_SQNR) if prog.quant is not None else []
+    if prog.quant is None:
+        return []
+    out = requant_warnings(prog.quant, MIN_SQNR)
+    if prog.quant.input_margin:
+        out.append(f"--input-margin {prog.quant.input_margin:g} coarsens the inputs' encoding "
+                   "to widen the int16 fast path; inputs beyond it are computed exactly "
+                   "anyway, so it changes speed and precision, not range")
+    return out
 
 
 def load(outdir):

@@ -112,8 +112,9 @@ _INPUT_SHAPE = click.option(
 @click.option("--input-frac-bits", help="Fixed point: fraction bits of the int32 inputs, one "
               "value or one per input element (default: chosen from the calibration range).")
 @click.option("--input-margin", default=0.0, show_default=True, type=float,
-              help="Fixed point: widen each input's calibrated range by this fraction of its "
-              "width on each side (inputs clamp to the range).")
+              help="Fixed point, an optimization: widen the input range the int16 fast path "
+              "covers by this fraction of the calibrated width on each side, at a coarser "
+              "input step (every int32 input is computed exactly either way).")
 @click.option("--hooks", multiple=True, help="Kernel hooks to generate: admission "
               "(a device-mapper target), readahead (per-file readahead), nfs-rsize "
               "(per-mount NFS rsize); see docs/hooks.md.")

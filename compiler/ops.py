@@ -308,10 +308,11 @@ OPS["dense"] = OpDef("dense", _dense_infer, _dense_eval)
 # their ranges and sets the integer multipliers (mult, shift) the evaluators
 # and the C use.  Every evaluator is kml_fixed.h's arithmetic via kmlc.qmath.
 #
-#   qinput (x: i32) {lo, hi, center, shift}        per element of x:
-#       y = clamp(round_shift(clamp(x, lo, hi) - center, shift), -32768, 32767)
-#   qdense (x: i16, w [N, K] i8|i16, b [N] i32|i64) {acc, mode, mult, shift, ...}
-#       acc[n] = b[n] + x[0]*w[n,0] + x[1]*w[n,1] + ...   (exact integers)
+#   qinput (x: i32) {center, shift}       per element of x, exact, no clamp:
+#       y = round_shift(x - center, shift)   (i32: shift >= 1)
+#   qdense (x: i16 | i32, w [N, K] i8|i16, b [N] i32|i64) {acc, mode, mult, shift, ...}
+#       acc[n] = b[n] + x[0]*w[n,0] + x[1]*w[n,1] + ...   (exact integers; an
+#       i32 x is a qinput's: its values beyond int16 take the exact wide path)
 #       mode clamp: y = clamp(requant(acc, mult[n], shift[n]) + zp, lo, hi), and
 #                   with mult_neg/shift_neg, acc < 0 uses those (leaky relu),
 #                   on -acc when flip (a negative slope)
@@ -322,7 +323,7 @@ OPS["dense"] = OpDef("dense", _dense_infer, _dense_eval)
 #              (requant(zp - x, ...) when flip: a negative slope)
 #       lut:   y = f_q15(clamp(requant(x - zp, mult, shift), s32))
 #   qsoftmax (x: i16) {axis, mult, shift}: Q0.15 probabilities, see kml_fixed.h
-# All results are i16.
+# All results are i16, but qinput's (i32).
 
 S32 = (-(2**31), 2**31 - 1)
 S16 = (-32768, 32767)
@@ -337,9 +338,8 @@ def _q_infer(dtype_in):
 
 def _qinput_eval(xs, attrs):
     x = xs[0].reshape(-1).astype(np.int64)
-    v = qmath.clamp(x, np.array(attrs["lo"]), np.array(attrs["hi"])) - np.array(attrs["center"])
-    y = qmath.round_shift(v, np.array(attrs["shift"]))
-    return [qmath.clamp(y, *S16).reshape(xs[0].shape)]
+    y = qmath.round_shift(x - np.array(attrs["center"]), np.array(attrs["shift"]))
+    return [y.reshape(xs[0].shape)]
 
 
 def _activate(v: np.ndarray, attrs: dict, mult, shift, mult_neg=None, shift_neg=None):
@@ -367,7 +367,7 @@ def _qdense_eval(xs, attrs):
 
 def _qdense_infer(types, attrs):
     x, w = types[0], types[1]
-    _need(x.dtype == I16, f"qdense input {x} is not i16")
+    _need(x.dtype in (I16, I32), f"qdense input {x} is neither i16 nor i32 (an input's)")
     _need(len(w.shape) == 2 and w.shape[1] == x.numel, f"qdense weight {w} vs input {x}")
     return [TensorType(I16, tuple(attrs["shape"]))]
 
@@ -394,7 +394,12 @@ def _qsoftmax_eval(xs, attrs):
     return [np.moveaxis(y, -1, axis)]
 
 
-OPS["qinput"] = OpDef("qinput", _q_infer(I32), _qinput_eval)
+def _qinput_infer(types, attrs):
+    _need(types[0].dtype == I32, f"qinput operand {types[0]} is not i32")
+    return [TensorType(I32, types[0].shape)]
+
+
+OPS["qinput"] = OpDef("qinput", _qinput_infer, _qinput_eval)
 OPS["qdense"] = OpDef("qdense", _qdense_infer, _qdense_eval)
 OPS["qact"] = OpDef("qact", _q_infer(I16), _qact_eval)
 OPS["qsoftmax"] = OpDef("qsoftmax", _q_infer(I16), _qsoftmax_eval)

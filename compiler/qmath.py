@@ -59,14 +59,30 @@ def round_shift(v, shift) -> np.ndarray:
     return _with_sign(v, _round_off(_abs_u64(v), shift))
 
 
+WIDE_LIMIT = 2**63 - 1
+
+
 @np.errstate(over="ignore")
 def requant(acc, mult, shift) -> np.ndarray:
-    """round(acc * mult / 2^shift), ties away from zero (kml_requant).
-    ``mult`` and ``shift`` may be per-element arrays.  Exact while
-    |acc| * mult < 2^63, which the compiler proves for every use."""
+    """round(acc * mult / 2^shift), ties away from zero: kml_requant where
+    |acc| * mult < 2^63 (what the compiler proves for the int32-and-int16
+    paths), and kml_requant_wide for any int64 acc (the product in 128
+    bits, the result saturated to +-(2^63 - 1): the same where both apply).  ``mult`` and ``shift`` may be
+    per-element arrays."""
     acc = _i64(acc)
-    m = _abs_u64(acc) * np.asarray(mult, dtype=np.uint64)
-    return _with_sign(acc, _round_off(m, shift))
+    mult = np.asarray(mult, dtype=np.uint64)
+    if float(np.abs(acc.astype(np.float64)).max(initial=0)) * float(mult.max(initial=0)) \
+            < 2.0**62:
+        m = _abs_u64(acc) * mult
+        return _with_sign(acc, _round_off(m, shift))
+    a, mu, sh = np.broadcast_arrays(acc, mult, np.asarray(shift))
+    out = np.empty(a.shape, dtype=np.int64)
+    for i in np.ndindex(a.shape):
+        v, s = int(a[i]), int(sh[i])
+        m = abs(v) * int(mu[i])
+        m = min((m + (1 << (s - 1))) >> s if s else m, WIDE_LIMIT)
+        out[i] = -m if v < 0 else m
+    return out
 
 
 def clamp(v, lo, hi) -> np.ndarray:

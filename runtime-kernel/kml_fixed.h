@@ -55,6 +55,34 @@ static inline s64 kml_requant(s64 acc, u32 mult, unsigned int shift)
 }
 
 /*
+ * kml_requant for any acc: the product in 128 bits, and the result, which
+ * a clamp to int16 or int32 always follows, saturated to 2^63 - 1 (where
+ * |acc| * mult < 2^63 it is kml_requant's, bit for bit).  The first dense
+ * layer uses it on its exact path, for inputs beyond int16, where the
+ * proof bounds |acc| only by 2^62.
+ */
+static inline s64 kml_requant_wide(s64 acc, u32 mult, unsigned int shift)
+{
+	unsigned __int128 m = (unsigned __int128)kml_abs_u64(acc) * mult;
+	u64 top = ~0ULL >> 1;
+
+	if (shift)
+		m = (m + ((unsigned __int128)1 << (shift - 1))) >> shift;
+	return kml_with_sign(acc, m > top ? top : (u64)m);
+}
+
+/* Whether each of x[0..n-1] lies in int16: the first layer's fast path. */
+static inline bool kml_all_s16(const s32 *x, unsigned int n)
+{
+	unsigned int i;
+
+	for (i = 0; i < n; i++)
+		if (x[i] < -32768 || x[i] > 32767)
+			return false;
+	return true;
+}
+
+/*
  * Paired outputs (passes/lower.py): two outputs' sums share one 64-bit
  * accumulator p = lo + hi * 2^32 (mod 2^64), built by multiplying x[k] by
  * the pair of weights kml_pack2(w_lo, w_hi) = w_lo + w_hi * 2^32, packed at

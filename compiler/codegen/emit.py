@@ -213,7 +213,8 @@ def q_output(p: dict, v: str, mult: str, shift: str, raw: bool = False) -> str:
     ``raw``: already requantized), then clamp (with a zero point) or look up
     the nonlinearity."""
     r = v if raw else (f"kml_requant_relu({v}, {mult}, {shift})" if p.get("requant") == "relu"
-                       else requant_call(v, mult, shift))
+                       else f"kml_requant_wide({v}, {mult}, {shift})"
+                       if p.get("requant") == "wide" else requant_call(v, mult, shift))
     if p["mode"] == "lut":
         return f"kml_{p['fn']}_q15(kml_sat_s32({r}))"
     zp = p.get("zp", 0)
@@ -321,7 +322,7 @@ def macro(name: str) -> str:
 
 # What model.h defines after KML_<NAME>_ besides the ports' offsets
 HEADER_MACROS = {"IN_ELEMS", "OUT_ELEMS", "WORKSPACE_BYTES", "WORKSPACE_ALIGN", "WEIGHT_BYTES",
-                 "IN_FRAC_BITS", "IN_MIN", "IN_MAX"}
+                 "IN_FRAC_BITS"}
 
 
 def port_macros(prog: Program) -> dict[str, list[str]]:
@@ -354,11 +355,10 @@ def fixed_interface(prog: Program) -> dict | None:
     q = prog.quant
     if q is None:
         return None
-    enc = {"frac_bits": [], "lo": [], "hi": [], "outputs": [],
+    enc = {"frac_bits": [], "outputs": [],
            "weight_bits": dict(q.weight_bits), "decision_agreement": q.decision_agreement}
     for p in prog.inputs:
-        for key in ("frac_bits", "lo", "hi"):
-            enc[key] += q.inputs[p.buffer.value][key]
+        enc["frac_bits"] += q.inputs[p.buffer.value]["frac_bits"]
     for p, m in zip(prog.outputs, port_macros(prog)["out"]):
         enc["outputs"].append(dict(q.outputs[p.buffer.value], **q.output_bounds.get(
             p.buffer.value, {}), name=p.name, macro=m))

@@ -61,6 +61,9 @@ def _proof_report(g: Graph) -> str:
         extra = ""
         if op.kind == "qdense":
             extra = f"  accumulator {op.attrs['acc']}, |acc| <= {op.attrs['acc_bound']}"
+            if "wide_bound" in op.attrs:
+                extra += (f" for inputs within int16; any int32 input: int64, |acc| <= "
+                          f"{op.attrs['wide_bound']}")
         lines.append(f"  %{op.output.name}: [{lo}, {hi}]{extra}")
     return "\n".join(lines)
 

@@ -2,12 +2,16 @@
 
 Propagates integer intervals from the inputs (any int32 value at all: the
 proof does not trust calibration) through every op, and for each one:
-  * ``qinput``: clamping to the calibrated range, then to int16, bounds
-    every element;
+  * ``qinput``: round_shift(x - centre, shift) of every int32 x, exactly
+    (shift >= 1 keeps it in int32);
   * ``qdense``: bounds every partial sum of every output channel by
     |b[n]| + sum_k |w[n, k]| * max|x| (so the bound holds whatever the
     order of the additions), picks an int32 accumulator when that fits and
-    int64 otherwise, and fails naming the node if even int64 does not;
+    int64 otherwise, and fails naming the node if even int64 does not; a
+    layer on an encoded input (int32) is bounded twice: for inputs within
+    int16 (its accumulator and multipliers, as above) and over every int32
+    input (``wide_bound``, below 2^62: the exact path, whose requantization
+    multiplies in 128 bits);
   * every requantization: chooses the integer multiplier for the recorded
     real scale with ``qmath.multiplier`` under the proven bound, so that
     |acc| * mult < 2^63 and kml_requant is exact; the multiplier keeps 31
@@ -15,7 +19,9 @@ proof does not trust calibration) through every op, and for each one:
   * ``qsoftmax``: differences from the maximum fit in 17 bits and the sum of
     at most 65535 Q0.15 values fits in 32.
 Afterwards every integer op carries its accumulator type and its
-(mult, shift) pairs, and ``intervals`` holds the proven range of every value.
+(mult, shift) pairs, ``intervals`` holds the proven range of every value,
+and ``in_range`` the encoded inputs' range for inputs in the calibrated
+ranges (int16).
 """
 from __future__ import annotations
 
@@ -37,6 +43,11 @@ def _mults(op: Op, scales, bound: int) -> tuple[list[int], list[int]]:
     return [m for m, _ in pairs], [s for _, s in pairs]
 
 
+def _bits(bound: int) -> int:
+    """The multiplier bits ``qmath.multiplier`` can keep under ``bound``."""
+    return min(31, 63 - max(bound, 1).bit_length())
+
+
 def _fail(op: Op, msg: str):
     raise KmlcError(f"node {' + '.join(op.origin) or op.kind}: {msg}")
 
@@ -48,16 +59,26 @@ def bound_ranges(g: Graph) -> Graph:
         xl, xh = iv[x]
         a = op.attrs
         if op.kind == "qinput":
-            lo, hi = np.array(a["lo"]), np.array(a["hi"])
             c, s = np.array(a["center"]), np.array(a["shift"])
-            out = (max(-32768, int(round_shift(lo - c, s).min())),   # the kernel clamps
-                   min(32767, int(round_shift(hi - c, s).max())))
+            out = (int(round_shift(xl - c, s).min()), int(round_shift(xh - c, s).max()))
+            if out[0] < -2**31 or out[1] > S32_MAX:
+                _fail(op, f"encoded inputs reach {out}, beyond int32")
         elif op.kind == "qdense":
             w, b = op.inputs[1], op.inputs[2]
-            xmax = max(abs(xl), abs(xh))
-            bound = np.abs(b.data).astype(object) + (np.abs(w.data.astype(np.int64))
-                                                      .sum(axis=1).astype(object) * xmax)
-            worst = int(max(bound))
+            wsum = np.abs(w.data.astype(np.int64)).sum(axis=1).astype(object)
+            bias = np.abs(b.data).astype(object)
+            worst = int(max(bias + wsum * max(abs(xl), abs(xh))))
+            if x.type.dtype == I32:
+                # an encoded input: where its whole int32 range would cost
+                # the int32 accumulator or multiplier bits, values within
+                # int16 take the proven paths below and any other the exact
+                # wide path, whose sums ``worst`` bounds
+                fast = int(max(bias + wsum * 32768))
+                if worst >= S64_LIMIT:
+                    _fail(op, f"accumulator bound {worst} over every int32 input does not fit "
+                          "in int64")
+                if worst > S32_MAX and (fast <= S32_MAX or _bits(worst) < _bits(fast)):
+                    a["wide_bound"], worst = worst, fast
             if worst >= S64_LIMIT:
                 _fail(op, f"accumulator bound {worst} does not fit in int64")
             acc = "i32" if worst <= S32_MAX else "i64"
@@ -94,4 +115,7 @@ def bound_ranges(g: Graph) -> Graph:
             raise KmlcError(f"bound_ranges: unexpected op {op.kind}")
         iv[op.output] = out
     g.intervals = iv
+    # what the encoded inputs reach from the calibrated ranges: int16 (the
+    # domain of passes/error_bound.py's bound)
+    g.in_range = {op.output: (-32768, 32767) for op in g.ops if op.kind == "qinput"}
     return g

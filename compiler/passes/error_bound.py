@@ -82,7 +82,7 @@ def _flat(x, n: int) -> np.ndarray:
 
 def error_bound(g: Graph, info) -> Graph:
     E: dict = {}
-    iv = g.intervals
+    iv = {**g.intervals, **g.in_range}     # inputs in their calibrated ranges
     scale_of = lambda v: info.params[v].scale if v in info.params else 1.0  # noqa: E731
     zp_of = lambda v: info.params[v].zp if v in info.params else 0  # noqa: E731
     for op in g.ops:

@@ -243,7 +243,7 @@ class _Lowering:
             ops["shift_neg"] = self.array("shift_neg", a["shift_neg"], U8)
         ops["y"] = y
         params = {key: a[key] for key in ("mode", "fn", "zp", "lo", "hi", "acc", "acc_bound",
-                                          "flip") if key in a}
+                                          "flip", "wide_bound") if key in a}
         if a["mode"] == "clamp" and "mult_neg" not in a and a["lo"] >= a.get("zp", 0):
             # ReLU: a negative sum requantizes to at most 0, which the clamp
             # raises to lo anyway, so the sign never matters (kml_requant_relu)
@@ -317,9 +317,7 @@ class _Lowering:
             elif op.kind == "qinput":
                 a = op.attrs
                 self.kernel("qinput", op, {
-                    "x": self.operand(x, "x"), "lo": self.array("lo", a["lo"], I32),
-                    "hi": self.array("hi", a["hi"], I32),
-                    "center": self.array("center", a["center"], I32),
+                    "x": self.operand(x, "x"), "center": self.array("center", a["center"], I32),
                     "shift": self.array("shift", a["shift"], U8), "y": y},
                     n=x.type.numel)
             elif op.kind == "qdense":

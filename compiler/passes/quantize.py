@@ -2,12 +2,13 @@
 
 Guarantees about the graph it returns (docs/numerics.md, "Fixed point"):
   * every graph input is int32 in a per-feature Q format (``frac_bits``:
-    in[i] = x_i * 2^F_i) and passes first through ``qinput``, which clamps it
-    to the feature's calibrated range (widened by ``input_margin`` of its
-    width on each side, never across zero) and maps it onto int16 around the
-    range's centre with a power-of-two step; a feature whose calibrated range
-    is a single value always encodes to 0 (its value is a constant of the
-    first layer);
+    in[i] = x_i * 2^F_i) and passes first through ``qinput``, which maps it
+    around the centre of the feature's calibrated range (widened by
+    ``input_margin`` of its width on each side, never across zero) with a
+    power-of-two step, so that the calibrated range lands in int16; it
+    clamps nothing: every int32 value is encoded exactly (an int32 result,
+    the step at least 2), and the first dense layer takes values beyond
+    int16 on an exact int64 path (passes/bound_ranges.py proves both);
   * every activation is int16 with a per-tensor scale and zero point chosen
     from its calibrated range widened by ``margin`` on each side (values
     beyond saturate); sigmoid and tanh outputs are Q0.15;
@@ -81,6 +82,7 @@ class QuantInfo:
     weight_bits: dict[str, int] = field(default_factory=dict)   # node -> 8 | 16
     sqnr_int8: dict[str, float] = field(default_factory=dict)
     decision_agreement: float | None = None   # with these widths, percent (choose_widths)
+    input_margin: float = 0.0                 # what the inputs' encoding was widened by
     # per qdense output: what passes/error_bound.py needs of the layer, in
     # its input's real coordinates (the first layer: the encoded steps)
     dense_error: dict[Value, dict] = field(default_factory=dict)
@@ -128,17 +130,20 @@ def widen(lo, hi, margin: float):
 
 
 def encode_input(lo, hi, frac_bits):
-    """Per element: Q-range [LO, HI], centre, shift (qinput's attributes)."""
+    """Per element: centre and shift (qinput's attributes), so that the
+    calibrated range [lo, hi] maps into int16 around 0.  The shift is at
+    least 1, so that round_shift(x - centre, shift) of every int32 x fits
+    int32 (|x - centre| < 2^32), exactly, with no clamp."""
     scale = np.ldexp(1.0, np.array(frac_bits))
     qlo = np.clip(np.floor(lo * scale), -2**31, 2**31 - 1).astype(np.int64)
     qhi = np.clip(np.ceil(hi * scale), -2**31, 2**31 - 1).astype(np.int64)
     centre = (qlo + qhi) // 2
     half = np.maximum(qhi - centre, centre - qlo)
-    shift = np.zeros_like(half)
+    shift = np.ones_like(half)
     for i, h in enumerate(half):
         while int(round_shift(h, int(shift[i]))) > 32767:
             shift[i] += 1
-    return qlo, qhi, centre, shift
+    return centre, shift
 
 
 def encode_rows(x: np.ndarray, frac_bits) -> np.ndarray:
@@ -262,15 +267,13 @@ class _Quantizer:
             if len(frac) != v.type.numel or not all(0 <= f <= 30 for f in frac):
                 raise KmlcError(f"--input-frac-bits needs one value or {v.type.numel} values "
                                 "in 0..30")
-        qlo, qhi, centre, shift = encode_input(lo, hi, frac)
+        centre, shift = encode_input(lo, hi, frac)
         iv = Value(self.fresh(f"{v.name}_i32"), TensorType(I32, v.type.shape))
         step = np.ldexp(1.0, shift - np.array(frac))
-        attrs = {"lo": qlo.tolist(), "hi": qhi.tolist(), "center": centre.tolist(),
-                 "shift": shift.tolist()}
+        attrs = {"center": centre.tolist(), "shift": shift.tolist()}
         self.emit("qinput", [iv], attrs, (f"input {self.g.source_name(v)}",), v,
-                  FirstLayer(step, centre * np.ldexp(1.0, -np.array(frac))))
-        self.info.inputs[iv.name] = {"frac_bits": [int(f) for f in frac],
-                                      "lo": qlo.tolist(), "hi": qhi.tolist()}
+                  FirstLayer(step, centre * np.ldexp(1.0, -np.array(frac))), dtype=I32)
+        self.info.inputs[iv.name] = {"frac_bits": [int(f) for f in frac]}
         self.info.float_of[iv] = v
         return iv
 
@@ -389,6 +392,7 @@ class _Quantizer:
 
     def run(self) -> tuple[Graph, QuantInfo]:
         g = self.g
+        self.info.input_margin = self.opts.input_margin
         inputs = [self.input(v) for v in g.inputs]
         for op in g.ops:
             if op.kind == "dense":

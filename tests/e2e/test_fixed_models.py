@@ -1,7 +1,10 @@
-"""Fixed point end to end on the three seed shapes: accuracy against the
-float model, bit-exactness against kmlc's integer evaluator and across
-compilers, sanitizers over 100,000 hostile inputs, an FPU-free module, and
-KUnit on UML and on a real x86_64 kernel."""
+"""Fixed point end to end on the three seed shapes and on OFFSET, a model
+whose first layer has an exact wide path (a feature calibrated far from
+zero on a narrow range: every int32 input reaches beyond the int32 sums):
+accuracy against the float model, bit-exactness against kmlc's integer
+evaluator and across compilers, sanitizers over 100,000 hostile inputs, an
+FPU-free module, and KUnit on UML and on a real x86_64 kernel, whose
+golden vectors take both paths."""
 import re
 import subprocess
 
@@ -9,7 +12,7 @@ import numpy as np
 import pytest
 
 import kernel_c
-from conftest import EXAMPLES, SEED_MODELS, seed_models
+from conftest import EXAMPLES, SEED_MODELS, make_model, seed_models
 from kmlc.api import compile as kcompile, load
 from kmlc.ops import interpret
 from kmlc.targets import kernel, kunit, user
@@ -19,11 +22,40 @@ GOLDEN = 64
 HOSTILE = 100_000
 
 
+MODELS = list(SEED_MODELS) + ["offset"]
+
+
+def offset_model():
+    """2 -> 8 ReLU -> 3: feature 0 lives in [1000, 1001], feature 1 in [-5, 5]."""
+    from onnx import helper
+
+    r = np.random.default_rng(8)
+    nodes = [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], name="fc0", transB=1),
+             helper.make_node("Relu", ["h"], ["a"], name="relu0"),
+             helper.make_node("Gemm", ["a", "w1", "b1"], ["y"], name="fc1", transB=1)]
+    inits = {"w0": r.normal(size=(8, 2)).astype(np.float32),
+             "b0": np.float32(-1000 * r.normal(size=8)),
+             "w1": r.normal(size=(3, 8)).astype(np.float32), "b1": np.zeros(3, np.float32)}
+    return make_model(nodes, [("x", [1, 2])], [("y", [1, 3])], inits)
+
+
+def offset_rows(n, seed, far=False):
+    r = np.random.default_rng(seed)
+    x = np.stack([1000 + r.random(n), r.uniform(-5, 5, n)], axis=1)
+    if far:     # up to 50 widths beyond the calibrated range, half the rows
+        x[::2, 0] += r.uniform(-50, 50, (n + 1) // 2)
+    return x.astype(np.float32)
+
+
 def calibration(name):
+    if name == "offset":
+        return offset_rows(2000, 21)
     return seed_models.sample_inputs(name, 2000, seed=21)
 
 
 def held_out(name, n=5000):
+    if name == "offset":
+        return offset_rows(n, 22, far=True)
     return seed_models.sample_inputs(name, n, seed=22)
 
 
@@ -31,13 +63,37 @@ def held_out(name, n=5000):
 def fixed(tmp_path_factory):
     root = tmp_path_factory.mktemp("fixed")
     out = {}
-    for name in SEED_MODELS:
-        res = kcompile(EXAMPLES / f"{name}.onnx", root / name, name=f"{name}_fx",
-                       numerics="fixed", calibration=calibration(name),
-                       golden_data=seed_models.sample_inputs(name, GOLDEN, seed=23),
-                       golden_count=GOLDEN)
+    for name in MODELS:
+        model, golden = (offset_model(), offset_rows(GOLDEN, 23, far=True)) if name == "offset" \
+            else (EXAMPLES / f"{name}.onnx", seed_models.sample_inputs(name, GOLDEN, seed=23))
+        res = kcompile(model, root / name, name=f"{name}_fx", numerics="fixed",
+                       calibration=calibration(name), golden_data=golden, golden_count=GOLDEN)
         out[name] = (root / name, res.program)
     return out
+
+
+def test_offset_model_takes_both_paths(fixed):
+    """The first layer of OFFSET has the wide path, its golden vectors reach
+    it (encoded inputs beyond int16) and the proven path too, and far rows
+    decide (argmax) as onnxruntime does on at least 95% of rows."""
+    from kmlc.verify import reference_outputs
+
+    d, prog = fixed["offset"]
+    first = next(k for k in prog.kernels if k.kind == "qdense")
+    assert "wide_bound" in first.params and first.params["wide_bound"] > 2**31
+    assert f"{first.fn}_wide(x, y);" in (d / "user" / "offset_fx_fx.c").read_text()
+    g = prog.quant.int_graph
+    twin = load(d)
+    qin = g.ops[0]
+    assert qin.kind == "qinput"
+    enc = np.stack([interpret(type(g)("e", g.inputs, [qin.output], [qin]), row[None])[0]
+                    .reshape(-1) for row in twin.encode(offset_rows(GOLDEN, 23, far=True))])
+    wide = (np.abs(enc) > 32767).any(axis=1)
+    assert 5 < wide.sum() < GOLDEN - 5, wide.sum()
+    x = offset_rows(2000, 30, far=True)
+    ref = reference_outputs(offset_model(), prog, x)
+    agree = (np.argmax(twin.run(x), axis=1) == np.argmax(ref, axis=1)).mean()
+    assert agree >= 0.95, agree
 
 
 def hostile_rows(n_in, n=HOSTILE, seed=0):
@@ -58,7 +114,7 @@ def test_agreement_with_float_model(name):
         assert rows == 5000 and agree / rows >= 0.99, rep.text()
 
 
-@pytest.mark.parametrize("name", SEED_MODELS)
+@pytest.mark.parametrize("name", MODELS)
 def test_twin_equals_integer_evaluator(fixed, name):
     d, prog = fixed[name]
     twin = load(d)
@@ -70,7 +126,7 @@ def test_twin_equals_integer_evaluator(fixed, name):
     assert np.array_equal(y, ref.astype(np.int32))
 
 
-@pytest.mark.parametrize("name", SEED_MODELS)
+@pytest.mark.parametrize("name", MODELS)
 def test_twin_identical_across_compilers(fixed, name, tmp_path):
     d, _ = fixed[name]
     x = hostile_rows(load(d).in_elems, 3000, seed=1)
@@ -104,7 +160,7 @@ int main(int argc, char **argv)
 
 
 @pytest.mark.parametrize("cc", ["gcc", "clang"])
-@pytest.mark.parametrize("name", SEED_MODELS)
+@pytest.mark.parametrize("name", MODELS)
 def test_no_undefined_behaviour_on_hostile_inputs(fixed, name, cc, tmp_path):
     d, _ = fixed[name]
     m = f"{name}_fx"
@@ -128,7 +184,7 @@ FP_INSN = re.compile(r"\b[xyz]mm\d+\b|\bf(?:ld|st|add|sub|mul|div)\w*\b|\bcvt\w+
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("name", SEED_MODELS)
+@pytest.mark.parametrize("name", MODELS)
 def test_module_has_no_floating_point(fixed, name):
     d, _ = fixed[name]
     ko = kernel.build_module(d / "kernel")
@@ -162,7 +218,7 @@ def test_checkpatch_clean(fixed):
 def test_kunit_uml(fixed):
     res = kunit.run([d for d, _ in fixed.values()], arch="um")
     assert res["ok"], res["summary"]
-    for name in SEED_MODELS:
+    for name in MODELS:
         assert res["suites"][f"kml_{name}_fx"]["passed"] == GOLDEN + 1
 
 
@@ -175,7 +231,7 @@ def test_kunit_x86_64_fixed_and_float(fixed, tmp_path):
              golden_data=seed_models.sample_inputs("readahead", GOLDEN, seed=24))
     res = kunit.run([d for d, _ in fixed.values()] + [fp], arch="x86_64")
     assert res["ok"], res["summary"]
-    for suite in [f"kml_{n}_fx" for n in SEED_MODELS] + ["kml_readahead_fp"]:
+    for suite in [f"kml_{n}_fx" for n in MODELS] + ["kml_readahead_fp"]:
         assert res["suites"][suite]["passed"] == GOLDEN + 1, res["summary"]
 
 

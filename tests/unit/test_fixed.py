@@ -68,16 +68,16 @@ def test_softmax_before_argmax_is_folded_away():
 
 
 def qdense_graph(k, wbits_value, bias=0):
-    """x: i16[k] -> qdense with every weight = wbits_value, by hand."""
-    x = Value("x", TensorType(I16, (1, k)))
+    """x: i32[k] -> qinput -> qdense with every weight = wbits_value, by
+    hand: shift 16 maps every int32 input into [-32768, 32768]."""
+    x = Value("x", TensorType(I32, (1, k)))
     w = const("w", np.full((1, k), wbits_value, dtype=np.int16))
     b = const("b", np.array([bias], dtype=np.int64))
     y = Value("y", TensorType(I16, (1, 1)))
     op = Op("qdense", [x, w, b], [y], {"mode": "clamp", "scale": [1e-6], "zp": 0,
                                         "lo": -32768, "hi": 32767, "shape": [1, 1]}, ("fc (Gemm)",))
     xi = Value("xi", TensorType(I32, (1, k)))
-    qin = Op("qinput", [xi], [x], {"lo": [-2**31] * k, "hi": [2**31 - 1] * k,
-                                   "center": [0] * k, "shift": [16] * k}, ("input x",))
+    qin = Op("qinput", [xi], [x], {"center": [0] * k, "shift": [16] * k}, ("input x",))
     return Graph("t", [xi], [y], [qin, op])
 
 
@@ -109,43 +109,49 @@ def test_int_interpreter_matches_requant_by_hand():
     assert y[0, 0] == int(np.floor(abs(exact) + 0.5)) * np.sign(exact)
 
 
-def test_zero_range_feature_is_a_constant(tmp_path):
+def test_zero_range_feature_is_computed(tmp_path):
+    """A feature that never varies in calibration is still an input: a
+    value other than the calibrated one moves the outputs toward what
+    onnxruntime computes (it was once clamped back to the single value)."""
+    from kmlc.verify import reference_outputs
+
     m = normalized_mlp()
     cal = sample_rows(400)
     cal[:, 2] = 0.5  # never varies in calibration
-    kcompile(m, tmp_path / "o", targets="user", numerics="fixed", calibration=cal, name="zr")
+    res = kcompile(m, tmp_path / "o", targets="user", numerics="fixed", calibration=cal,
+                   name="zr")
     twin = load(tmp_path / "o")
     x = sample_rows(50, seed=3)
+    x[:, 2] = 0.5
     a = twin.run(x)
-    x[:, 2] = 7.0  # outside the calibrated single value: clamped back to 0.5
-    assert np.array_equal(twin.run(x), a)
-    enc = twin.fixed
-    assert enc["lo"][2] == enc["hi"][2]
+    x[:, 2] = 0.52    # 0.2 std away: within what the int32 encoding holds
+    b = twin.run(x)
+    ref = reference_outputs(m, res.program, x)
+    assert not np.array_equal(a, b)
+    assert np.abs(b - ref).max() < np.abs(a - ref).max()
 
 
-def test_input_margin_widens_the_clamp_range(tmp_path):
-    """--input-margin m: each input's clamp range is the calibrated [lo, hi]
-    widened by m * (hi - lo) on each side, never across zero (hand-computed
-    from the calibration rows); an input beyond the calibrated maximum but
-    inside the widened range is no longer clamped."""
-    cal = np.float32([[1, -8, 2, -1], [9, -2, 2, 5], [5, -5, 2, 1]])
-    lo = np.float64([1, -8, 2, -1])
-    hi = np.float64([9, -2, 2, 5])
-    # margin 0.25: pads 2, 1.5, 0, 1.5; 1 - 2 stops at 0, -2 + 1.5 = -0.5
-    want_lo, want_hi = [0.0, -9.5, 2.0, -2.5], [11.0, -0.5, 2.0, 6.5]
-    for margin, (wlo, whi) in ((0.0, (lo, hi)), (0.25, (want_lo, want_hi))):
-        kcompile(normalized_mlp(), tmp_path / str(margin), targets="user", numerics="fixed",
-                 calibration=cal, input_margin=margin, name="im")
-        enc = load(tmp_path / str(margin)).fixed
-        f = np.ldexp(1.0, enc["frac_bits"])
-        assert np.array_equal(np.array(enc["lo"]) / f, np.floor(np.array(wlo) * f) / f)
-        assert np.array_equal(np.array(enc["hi"]) / f, np.ceil(np.array(whi) * f) / f)
-    beyond, at_max = np.float32([[10.5, -5, 2, 1]]), np.float32([[9, -5, 2, 1]])
-    tight, wide = load(tmp_path / "0.0"), load(tmp_path / "0.25")
-    assert np.array_equal(tight.run(beyond), tight.run(at_max))      # clamped to 9
-    assert not np.array_equal(wide.run(beyond), wide.run(at_max))
+def test_inputs_beyond_the_calibrated_range_are_exact(tmp_path):
+    """y = x - 15, calibrated on x in [0, 10] (so always y < 0): rows far
+    beyond, up to the encoding's int32 limit, still decide as float does
+    (y >= 0 from x = 15 on, by hand); the inputs used to be clamped to
+    10, and y stayed negative.  --input-margin still widens the range the
+    encoding is chosen from, and is still checked."""
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc")]
+    m = make_model(nodes, [("x", [1, 1])], [("y", [1, 1])],
+                   {"w": np.float32([[1.0]]), "b": np.float32([-15.0])})
+    cal = np.linspace(0, 10, 200, dtype=np.float32)[:, None]
+    for margin in (0.0, 0.25):
+        kcompile(m, tmp_path / str(margin), targets="user", numerics="fixed", calibration=cal,
+                 input_margin=margin, name="far")
+        twin = load(tmp_path / str(margin))
+        top = 2.0 ** (31 - twin.fixed["frac_bits"][0])      # the encoding's limit
+        x = np.float32([[-0.9 * top], [-30], [-1], [5], [14], [15.5], [20], [30],
+                        [0.99 * top]])
+        y = twin.run(x)[:, 0]
+        assert ((y >= 0) == (x[:, 0] - 15 >= 0)).all(), (margin, x[:, 0], y)
     with pytest.raises(KmlcError, match="--input-margin -1: expected"):
-        kcompile(normalized_mlp(), tmp_path / "bad", targets="user", numerics="fixed",
+        kcompile(m, tmp_path / "bad", targets="user", numerics="fixed",
                  calibration=cal, input_margin=-1)
 
 

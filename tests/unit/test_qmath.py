@@ -33,6 +33,13 @@ void requant(const s64 *acc, const u32 *mult, const u32 *shift, s64 *y, long n)
 	for (i = 0; i < n; i++)
 		y[i] = kml_requant(acc[i], mult[i], shift[i]);
 }
+void requant_wide(const s64 *acc, const u32 *mult, const u32 *shift, s64 *y, long n)
+{
+	long i;
+
+	for (i = 0; i < n; i++)
+		y[i] = kml_requant_wide(acc[i], mult[i], shift[i]);
+}
 void round_shift(const s64 *v, const u32 *shift, s64 *y, long n)
 {
 	long i;
@@ -100,6 +107,34 @@ def test_requant_matches_mirror_and_exact_rounding(lib):
         q, r = divmod(num, 1 << s)
         exact = q + (1 if s and 2 * r >= (1 << s) else 0)
         assert got == (-exact if a < 0 else exact)
+
+
+def test_requant_wide_is_exact_for_any_accumulator(lib):
+    """kml_requant_wide (the first layer's exact path) against its mirror
+    and exact rational rounding with Python ints, over every int64 acc
+    (S64_MIN included) and multiplier, saturating at 2^63 - 1 where the
+    true result is larger; equal to kml_requant where that one applies."""
+    rng = np.random.default_rng(1)
+    n = 50_000
+    shift = rng.integers(0, 63, n).astype(np.uint32)
+    mult = rng.integers(1, 2**31, n).astype(np.uint32)
+    acc = rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64, endpoint=True)
+    acc = acc >> rng.integers(0, 63, n)
+    acc[:6] = [-2**63, 2**63 - 1, 2**62, -2**62, 0, -1]
+    y = np.empty(n, dtype=np.int64)
+    lib.requant_wide(ptr(acc), ptr(mult), ptr(shift), ptr(y), ctypes.c_long(n))
+    assert np.array_equal(y, qmath.requant(acc, mult, shift))
+    sat = 0
+    for a, m, s, got in zip(acc.tolist(), mult.tolist(), shift.tolist(), y.tolist()):
+        q, r = divmod(abs(a) * m, 1 << s)
+        exact = min(q + (1 if s and 2 * r >= (1 << s) else 0), 2**63 - 1)
+        sat += exact == 2**63 - 1
+        assert got == (-exact if a < 0 else exact), (a, m, s)
+    assert sat > 100          # the saturating region was reached
+    small = np.abs(acc.astype(object)) * mult.astype(object) < 2**63
+    z = np.empty(n, dtype=np.int64)
+    lib.requant(ptr(acc), ptr(mult), ptr(shift), ptr(z), ctypes.c_long(n))
+    assert np.array_equal(y[small.astype(bool)], z[small.astype(bool)])
 
 
 def test_round_shift_ties_away_from_zero(lib):
