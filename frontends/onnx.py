@@ -152,9 +152,14 @@ class Importer:
         self.opset = opset
         if not m.graph.output:
             self.fail("the graph has no outputs; there is nothing to compute")
-        for vi in m.graph.output:
-            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == 0:
-                self.fail(f"output '{vi.name}' has no element type (elem_type 0, UNDEFINED)")
+        known = set(onnx.TensorProto.DataType.values()) - {onnx.TensorProto.UNDEFINED}
+        for what, vis in (("output", m.graph.output), ("value_info entry", m.graph.value_info)):
+            for vi in vis:   # onnxruntime refuses either as an invalid tensor type
+                t = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else None
+                if t == 0:
+                    self.fail(f"{what} '{vi.name}' has no element type (elem_type 0, UNDEFINED)")
+                if t is not None and t not in known:
+                    self.fail(f"{what} '{vi.name}' has element type {_type_name(t)}")
         seen = {}
         for node in self.nodes:
             if node.name and seen.setdefault(node.name, node) is not node:

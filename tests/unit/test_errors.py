@@ -77,6 +77,17 @@ def bad_models(tmp_path):
         [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, [1, 4])]),
         ["'y'", "no element type"])
+    # found by the fuzzer (case 3696 of seed 1: one flipped byte): a
+    # value_info entry of an intermediate value typed UNDEFINED, or of no
+    # ONNX type at all, which kmlc's own inference never read
+    for label, t, words in (("untyped_value_info", TensorProto.UNDEFINED, ["no element type"]),
+                            ("bad_value_info_type", 999, ["999"])):
+        m = make_model([helper.make_node("Relu", ["x"], ["h"], name="r"),
+                        helper.make_node("Relu", ["h"], ["y"], name="r2")],
+                       [("x", [1, 4])], [("y", [1, 4])])
+        m.graph.value_info.append(helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 4]))
+        m.graph.value_info[-1].type.tensor_type.elem_type = t
+        save(label, m, ["value_info entry 'h'"] + words)
     save("duplicate_node_names", make_model(
         [helper.make_node("Relu", ["x"], ["h"], name="r"),
          helper.make_node("Relu", ["h"], ["y"], name="r")], [("x", [1, 4])], [("y", [1, 4])]),
