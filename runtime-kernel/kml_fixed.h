@@ -30,6 +30,20 @@ static inline s64 kml_with_sign(s64 v, u64 m)
 	return v < 0 ? -(s64)m : (s64)m;
 }
 
+/*
+ * A dense layer's requantization word per output channel: the multiplier
+ * (below 2^26) in the high bits, the shift (0..62) in the low six.
+ */
+static inline u32 kml_rq_mult(u32 rq)
+{
+	return rq >> 6;
+}
+
+static inline unsigned int kml_rq_shift(u32 rq)
+{
+	return rq & 63;
+}
+
 /* round(v / 2^shift), ties away from zero; shift <= 62. */
 static inline s64 kml_round_shift(s64 v, unsigned int shift)
 {

@@ -222,11 +222,6 @@ def q_output(p: dict, v: str, mult: str, shift: str, raw: bool = False) -> str:
     return f"kml_clamp({r}, {p['lo']}, {p['hi']})"
 
 
-def qdense_epilogue(k: Kernel) -> str:
-    ops = k.operands
-    return q_output(k.params, "acc", f"{ops['mult'].name}[n]", f"{ops['shift'].name}[n]")
-
-
 def loops_zero(p: dict) -> set[str]:
     """Softmax/argmax loop variables that have no loop (extent 1)."""
     return ({"o"} if p["outer"] == 1 else set()) | ({"q"} if p["inner"] == 1 else set())
@@ -305,7 +300,7 @@ def environment() -> jinja2.Environment:
     env.globals.update(cfloat=cfloat, idx=idx, at=at, act_call=act_call, params=params,
                        arg=arg, matmul_view=matmul_view, loop_vars=loop_vars, loops_zero=loops_zero,
                        initializer=initializer, u32_hex=u32_hex, version=__version__,
-                       const_layout=const_layout, macro=macro, qdense_epilogue=qdense_epilogue, q_output=q_output,
+                       const_layout=const_layout, macro=macro, q_output=q_output,
                        zip=zip, enumerate=enumerate, dict=dict)
     return env
 

@@ -15,7 +15,8 @@ proof does not trust calibration) through every op, and for each one:
   * every requantization: chooses the integer multiplier for the recorded
     real scale with ``qmath.multiplier`` under the proven bound, so that
     |acc| * mult < 2^63 and kml_requant is exact; the multiplier keeps 31
-    bits where it can;
+    bits where it can, 26 in dense layers (packed with the shift in one
+    u32 per channel);
   * ``qsoftmax``: differences from the maximum fit in 17 bits and the sum of
     at most 65535 Q0.15 values fits in 32.
 Afterwards every integer op carries its accumulator type and its
@@ -33,11 +34,14 @@ from ..qmath import multiplier, round_shift
 
 S32_MAX = 2**31 - 1
 S64_LIMIT = 2**62  # keep accumulators well clear of the s64 edge
+# A dense layer stores each channel's (mult, shift) as one u32 word,
+# mult << 6 | shift (kml_rq_mult/kml_rq_shift): multipliers keep 26 bits.
+RQ_MULT_BITS = 26
 
 
-def _mults(op: Op, scales, bound: int) -> tuple[list[int], list[int]]:
+def _mults(op: Op, scales, bound: int, bits: int = 31) -> tuple[list[int], list[int]]:
     try:
-        pairs = [multiplier(float(s), bound) for s in np.atleast_1d(scales)]
+        pairs = [multiplier(float(s), bound, mult_bits=bits) for s in np.atleast_1d(scales)]
     except ValueError as e:      # a scale that is not finite, positive and < 2^30
         _fail(op, f"{e}; fixed point cannot requantize it (compile with --numerics float)")
     return [m for m, _ in pairs], [s for _, s in pairs]
@@ -85,9 +89,9 @@ def bound_ranges(g: Graph) -> Graph:
             a["acc"] = acc
             a["acc_bound"] = worst
             op.inputs[2] = const(b.name, b.data.astype(I32.np if acc == "i32" else I64.np))
-            a["mult"], a["shift"] = _mults(op, a["scale"], worst)
+            a["mult"], a["shift"] = _mults(op, a["scale"], worst, RQ_MULT_BITS)
             if "scale_neg" in a:
-                a["mult_neg"], a["shift_neg"] = _mults(op, a["scale_neg"], worst)
+                a["mult_neg"], a["shift_neg"] = _mults(op, a["scale_neg"], worst, RQ_MULT_BITS)
             out = (a["lo"], a["hi"]) if a["mode"] == "clamp" else \
                 ((0, 32767) if a["fn"] == "sigmoid" else (-32767, 32767))
         elif op.kind == "qact":

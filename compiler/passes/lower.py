@@ -33,7 +33,7 @@ C_RESERVED = {
     "typedef", "union", "unsigned", "void", "volatile", "while",
     # names the templates use for parameters and locals
     "in", "out", "workspace", "ws", "ret", "a", "b", "c", "x", "y", "i", "j", "k", "o", "q",
-    "acc", "m", "s", "best", "v", "e", "n", "t", "xk", "ak", "w", "w_tail",
+    "acc", "m", "s", "best", "v", "e", "n", "t", "xk", "ak", "w", "w_tail", "r",
     *(f"{p}{i}" for p in "apsv" for i in range(16)),
 }
 
@@ -92,6 +92,13 @@ QDENSE_TILE = 4
 # kml_unpack2 in kml_fixed.h takes the sums apart exactly.  Half the
 # multiplies, no extra bytes.  Four pairs (eight outputs) per tile.
 PAIR_TILE = 8
+
+
+def rq_words(mult, shift) -> list[int]:
+    """Per channel, the requantization word mult << 6 | shift that
+    kml_rq_mult and kml_rq_shift take apart (mult < 2^26, shift < 64)."""
+    assert all(0 <= m < 2**26 and 0 <= s < 64 for m, s in zip(mult, shift))
+    return [(int(m) << 6) | int(s) for m, s in zip(mult, shift)]
 
 
 class _Lowering:
@@ -236,11 +243,9 @@ class _Lowering:
                                     w.name)
         tiling["pairs"] = pairs
         ops = {"x": self.operand(x, "x"), **wtiles, "b": self.const(b, "bias"),
-               "mult": self.array("mult", a["mult"], U32),
-               "shift": self.array("shift", a["shift"], U8)}
+               "rq": self.array("rq", rq_words(a["mult"], a["shift"]), U32)}
         if "mult_neg" in a:
-            ops["mult_neg"] = self.array("mult_neg", a["mult_neg"], U32)
-            ops["shift_neg"] = self.array("shift_neg", a["shift_neg"], U8)
+            ops["rq_neg"] = self.array("rq_neg", rq_words(a["mult_neg"], a["shift_neg"]), U32)
         ops["y"] = y
         params = {key: a[key] for key in ("mode", "fn", "zp", "lo", "hi", "acc", "acc_bound",
                                           "flip", "wide_bound") if key in a}

@@ -62,7 +62,7 @@ def test_few_multiplier_bits_are_counted_and_said(tmp_path, monkeypatch):
     """Multipliers cut to 3 bits (what a huge proven accumulator would
     leave): outputs are off by up to 1/8 of their value; the bound still
     holds, and the compile says which layers break kmlc verify's SQNR."""
-    monkeypatch.setattr(br, "multiplier", lambda s, b: multiplier(s, b, mult_bits=3))
+    monkeypatch.setattr(br, "multiplier", lambda s, b, **k: multiplier(s, b, mult_bits=3))
     name = "nfs_rsize"
     cal = seed_models.sample_inputs(name, 500, seed=21)
     m = onnx.load(EXAMPLES / f"{name}.onnx")

@@ -321,7 +321,7 @@ def test_every_fixed_kernel_kind(tmp_path):
     assert kinds == {"qinput", "qdense", "qact", "qsoftmax"}
     modes = {(k.params.get("mode"), k.params.get("fn")) for k in res.program.kernels}
     assert {("lut", "tanh"), ("lut", "sigmoid"), ("clamp", None)} <= modes
-    assert any("mult_neg" in k.operands for k in res.program.kernels)  # fused leaky relu
+    assert any("rq_neg" in k.operands for k in res.program.kernels)  # fused leaky relu
     twin = load(tmp_path / "o")
     # bit-exact against the integer evaluator, on hostile raw inputs too
     raw = np.concatenate([twin.encode(cal[:200]),
