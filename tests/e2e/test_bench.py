@@ -86,8 +86,10 @@ def test_bytes_sweep_and_json(run):
     m = data["models"][0]
     assert m["name"] == "readahead" and m["macs"] == 5 * 15 + 15 * 5 + 5 * 4
     # every system that ran computes the model: close to a float64 evaluation
+    # (fixed point: int8 weights, auto's choice for this model, are up to
+    # 0.085 off on held-out rows, docs/numerics.md; int16 ones 0.035)
     for system, err in m["check"].items():
-        assert err < (0.05 if "fixed" in system else 1e-4), (system, err)
+        assert err < (0.1 if "fixed" in system else 1e-4), (system, err)
     # the timed builds compute the twin's exact outputs
     assert all(m["check"][f"kmlc {n} {f}"] == 0 for n, f in KMLC)
     assert {"kmlc float twin", "kmlc fixed twin", "naive C"} <= set(m["check"])
