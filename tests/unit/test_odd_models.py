@@ -361,3 +361,32 @@ def test_a_model_named_like_the_runtime(tmp_path, numerics):
     assert res.manifest["module"] == "kml_kml_readahead"
     y, ref = load(tmp_path / "o").run(x), reference_outputs(m, res.program, x)
     assert np.abs(y - ref).max() <= (1e-5 if numerics == "float" else 0.05)
+
+
+@pytest.mark.parametrize("alpha", [0.1, -0.5])
+def test_wide_path_with_a_leaky_relu(tmp_path, alpha):
+    """The first layer's exact wide path (a feature calibrated far from zero
+    on a narrow range) under a fused LeakyRelu of either sign: the twin
+    equals kmlc's integer evaluator on hostile int32 rows, which take it."""
+    from kmlc.ops import interpret
+
+    r = np.random.default_rng(3)
+    nodes = [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], name="fc0", transB=1),
+             helper.make_node("LeakyRelu", ["h"], ["a"], name="lr", alpha=alpha),
+             helper.make_node("Gemm", ["a", "w1", "b1"], ["y"], name="fc1", transB=1)]
+    m = make_model(nodes, [("x", [1, 2])], [("y", [1, 2])],
+                   {"w0": r.normal(size=(6, 2)).astype(np.float32),
+                    "b0": np.float32(-1000 * r.normal(size=6)),
+                    "w1": r.normal(size=(2, 6)).astype(np.float32),
+                    "b1": np.zeros(2, np.float32)})
+    cal = np.stack([1000 + r.random(500), r.uniform(-5, 5, 500)], axis=1).astype(np.float32)
+    res = kcompile(m, tmp_path / "o", targets="user", numerics="fixed", calibration=cal)
+    first = next(k for k in res.program.kernels if k.kind == "qdense")
+    assert "wide_bound" in first.params and "rq_neg" in first.operands
+    twin = load(tmp_path / "o")
+    raw = r.integers(-2**31, 2**31, (300, 2), dtype=np.int64) >> r.integers(0, 31, (300, 2))
+    raw = np.concatenate([raw, [[-2**31, -2**31], [2**31 - 1, 2**31 - 1], [0, 0]]])
+    raw = raw.astype(np.int32)
+    g = res.program.quant.int_graph
+    ref = np.stack([interpret(g, row[None])[0].reshape(-1) for row in raw])
+    assert np.array_equal(twin.run_raw(raw), ref.astype(np.int32))
