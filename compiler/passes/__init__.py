@@ -97,9 +97,9 @@ def run_pipeline(g: Graph, numerics: str = "float",
                             "input, from which kmlc learns every tensor's range")
         cal = calibrate(g, calibration)
         float_graph = g
-        quant = choose_widths(g, cal, quant or QuantOptions())
+        quant, agreement = choose_widths(g, cal, quant or QuantOptions())
         g, info = quantize(g, cal, quant)
-        info.decision_agreement = quant.decision_agreement
+        info.decision_agreement = agreement
         emit("choose-widths", "weight bits: " + fmt_attr(info.weight_bits) + (
             f"\ndecisions agree with float on {info.decision_agreement:.2f}% of the "
             "calibration rows" if info.decision_agreement is not None else ""))

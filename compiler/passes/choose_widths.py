@@ -12,8 +12,8 @@ first, until they agree or every layer is int16.
 
 Guarantees: the widths it returns give decisions agreeing with float on
 at least MIN_AGREEMENT percent of the (at most ``ROWS``) calibration rows
-it evaluates, or are all int16; it records the agreement it measured
-(``QuantInfo.decision_agreement``, in percent) for reports.  Forced widths
+it evaluates, or are all int16; it returns the agreement it measured
+(percent; None for forced widths) for reports.  Forced widths
 (``--weight-bits 8|16``) pass through unchanged; a list of widths, one per
 dense layer in graph order (``--weight-bits 16,16,8``: what auto printed,
 pinned), becomes the per-layer widths, or a one-line error when its count
@@ -76,17 +76,18 @@ def pinned(g: Graph, widths) -> dict[str, int]:
     return {n: int(str(w).strip()) for n, w in zip(layers, items)}
 
 
-def choose_widths(g: Graph, cal: Calibration, opts: QuantOptions) -> QuantOptions:
+def choose_widths(g: Graph, cal: Calibration,
+                  opts: QuantOptions) -> tuple[QuantOptions, float | None]:
     """``opts`` with ``weight_bits`` a width per dense layer (node name ->
-    8 or 16), chosen as the module docstring says; and the agreement."""
+    8 or 16), chosen as the module docstring says, and the agreement."""
     wb = opts.weight_bits
     if isinstance(wb, (list, tuple)) or (isinstance(wb, str) and "," in wb):
-        return replace(opts, weight_bits=pinned(g, wb))
+        return replace(opts, weight_bits=pinned(g, wb)), None
     if wb not in ("auto", "8", "16"):
         raise KmlcError(f"--weight-bits {c_text(str(wb))}: expected auto, 8, 16, or one "
                         "width (8 or 16) per dense layer, comma-separated")
     if wb != "auto":
-        return opts
+        return opts, None
     widths: dict[str, int] = {}
     while True:
         trial = replace(opts, weight_bits=dict(widths))
@@ -96,6 +97,5 @@ def choose_widths(g: Graph, cal: Calibration, opts: QuantOptions) -> QuantOption
         narrow = sorted((n for n in info.sqnr_int8 if n not in widths),
                         key=info.sqnr_int8.get)
         if pct >= MIN_AGREEMENT or not narrow:
-            trial.decision_agreement = pct
-            return trial
+            return trial, pct
         widths[narrow[0]] = 16

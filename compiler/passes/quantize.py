@@ -67,7 +67,6 @@ class QuantOptions:
     input_frac_bits: list[int] | None = None   # per input element, or one for all
     margin: float = MARGIN
     input_margin: float = 0.0                  # inputs' range widened by this, each side
-    decision_agreement: float | None = None    # passes/choose_widths.py's measure, percent
 
 
 @dataclass
