@@ -119,11 +119,12 @@ def check_budget(prog: Program, max_weight_bytes: int, max_workspace_bytes: int)
 def lower_model(model, example_inputs=None, *, params=None, name: str | None = None,
                 numerics: str = "float", print_after: Callable[[str, str], None] | None = None,
                 calibration: np.ndarray | None = None, weight_bits: str | list = "auto",
-                input_frac_bits: list[int] | None = None, input_margin: float = 0.0) -> Program:
+                input_frac_bits: list[int] | None = None, input_margin: float = 0.0,
+                headroom: float | None = None) -> Program:
     """Frontend and passes: a model (see ``compile``) to a planned program.
     Fixed point needs ``calibration`` rows."""
     from .frontends import load as import_model
-    from .passes.quantize import QuantOptions
+    from .passes.quantize import HEADROOM, QuantOptions
 
     if numerics not in NUMERICS:
         raise KmlcError(f"--numerics {numerics} is not available in this kmlc "
@@ -136,10 +137,14 @@ def lower_model(model, example_inputs=None, *, params=None, name: str | None = N
     if not 0 <= input_margin <= 10:
         raise KmlcError(f"--input-margin {input_margin:g}: expected a fraction of the "
                         "calibrated range in 0..10")
+    if headroom is not None and not 1 <= headroom <= 1000:
+        raise KmlcError(f"--headroom {headroom:g}: expected a factor of the calibrated "
+                        "ranges in 1..1000")
     return run_pipeline(graph, numerics, print_after, calibration,
                         QuantOptions(weight_bits if isinstance(weight_bits, (list, tuple))
                                      else str(weight_bits), input_frac_bits,
-                                     input_margin=float(input_margin)))
+                                     input_margin=float(input_margin),
+                                     headroom=float(headroom or HEADROOM)))
 
 
 def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, targets="all",
@@ -150,7 +155,8 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
             max_workspace_bytes: int = DEFAULT_MAX_WORKSPACE_BYTES,
             cc: str | None = None, calibration: np.ndarray | None = None,
             weight_bits: str | list = "auto", input_frac_bits: list[int] | None = None,
-            input_margin: float = 0.0, hooks=(), hook_params=()) -> CompileResult:
+            input_margin: float = 0.0, headroom: float | None = None, hooks=(),
+            hook_params=()) -> CompileResult:
     """Compile ``model`` into ``outdir``; the frontend follows the model's type:
 
         compile("m.onnx" | onnx.ModelProto, outdir)
@@ -184,7 +190,8 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
     check_shapes(imported.graph, max_workspace_bytes)
     prog = lower_model(imported.graph, numerics=numerics, print_after=print_after,
                        calibration=calibration, weight_bits=weight_bits,
-                       input_frac_bits=input_frac_bits, input_margin=input_margin)
+                       input_frac_bits=input_frac_bits, input_margin=input_margin,
+                       headroom=headroom)
     check_budget(prog, max_weight_bytes, max_workspace_bytes)
     prog.hooks = check_hooks(prog, hooks, targets)
     prog.hook_params = check_hook_params(prog.hooks, hook_params)
@@ -209,9 +216,14 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
             if golden_data is not None:
                 golden_data = check_rows(golden_data, prog.in_elems, "golden data")
             twin = user.Twin(tmp, so=so)
-            xs = twin.encode(golden_inputs(prog.in_elems, golden_count, seed, golden_data))
-            if prog.numerics == "fixed":  # the clamps must hold for any int32 input
-                xs[-3:] = np.array([-2**31, 2**31 - 1, 0], dtype=np.int32)[:, None]
+            rows = golden_inputs(prog.in_elems, golden_count, seed, golden_data)
+            if twin.integer_inputs and golden_data is None:
+                rows = np.round(rows)
+            xs = twin.encode(rows)
+            if xs.dtype != np.float32:   # exact for any input of its type: its extremes
+                lo, hi = (0, 1) if xs.dtype == np.bool_ else (np.iinfo(xs.dtype).min,
+                                                              np.iinfo(xs.dtype).max)
+                xs[-3:] = np.array([lo, hi, 0], dtype=xs.dtype)[:, None]
             goldens = (xs, twin.run_raw(xs))
         _write(tmp, render(targets, goldens))
         if "user" not in targets:
@@ -327,8 +339,8 @@ def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> di
     from .codegen.emit import fixed_interface
 
     port = lambda p: {"name": p.name, "shape": list(p.type.shape),  # noqa: E731
-                      "dtype": p.type.dtype.name, "offset": p.buffer.offset,
-                      "elems": p.buffer.numel}
+                      "dtype": p.type.dtype.name, "onnx_dtype": onnx_dtype(prog, p),
+                      "offset": p.buffer.offset, "elems": p.buffer.numel}
     return {
         "kmlc_version": __version__,
         "name": prog.name,
@@ -340,6 +352,8 @@ def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> di
         "outputs": [port(p) for p in prog.outputs],
         "in_elems": prog.in_elems,
         "out_elems": prog.out_elems,
+        "in_dtype": prog.in_dtype.name,
+        "out_dtype": prog.out_dtype.name,
         "workspace_bytes": prog.plan.workspace_bytes,
         "weight_bytes": prog.plan.weight_bytes,
         "peak_live_bytes": prog.plan.peak_bytes,
@@ -349,6 +363,17 @@ def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> di
         "hooks": list(getattr(prog, "hooks", []) or []),
         "hook_params": dict(getattr(prog, "hook_params", {}) or {}),
     }
+
+
+def onnx_dtype(prog: Program, p) -> str:
+    """A port's element type in the source model: a fixed-point program's
+    int16 outputs and encoded int32 inputs stand for float32 values."""
+    q = prog.quant
+    if q is not None and p.type.dtype.name == "i16":
+        return "f32"
+    if q is not None and p.buffer.value in q.inputs:
+        return q.inputs[p.buffer.value].get("onnx_dtype", "f32")
+    return p.type.dtype.name
 
 
 def _report(prog: Program) -> str:

@@ -115,6 +115,10 @@ _INPUT_SHAPE = click.option(
               help="Fixed point, an optimization: widen the input range the int16 fast path "
               "covers by this fraction of the calibrated width on each side, at a coarser "
               "input step (every int32 input is computed exactly either way).")
+@click.option("--headroom", type=float, help="Fixed point: every activation's int16 encoding "
+              "spans this many times its calibrated range (default 10: inputs up to 10x "
+              "beyond calibration do not saturate the hidden layers; 1.5 gives finer steps "
+              "and a tighter error bound inside the calibrated range).")
 @click.option("--hooks", multiple=True, help="Kernel hooks to generate: admission "
               "(a device-mapper target), readahead (per-file readahead), nfs-rsize "
               "(per-mount NFS rsize); see docs/hooks.md.")
@@ -129,8 +133,8 @@ _INPUT_SHAPE = click.option(
 @click.option("--max-weight-bytes", default=1 << 20, show_default=True, type=int)
 @click.option("--max-workspace-bytes", default=64 << 10, show_default=True, type=int)
 def compile_cmd(model, input_shapes, outdir, targets, name, numerics, calibration, weight_bits,
-                input_frac_bits, input_margin, hooks, hook_params, print_after_all, golden_data,
-                golden_count, seed, max_weight_bytes, max_workspace_bytes):
+                input_frac_bits, input_margin, headroom, hooks, hook_params, print_after_all,
+                golden_data, golden_count, seed, max_weight_bytes, max_workspace_bytes):
     """Compile MODEL into OUTDIR: kernel/, user/, kunit/.  MODEL is an .onnx
     file, or FILE.py:NAME with NAME an nn.Module class or a function
     returning one (with --input-shape)."""
@@ -144,7 +148,7 @@ def compile_cmd(model, input_shapes, outdir, targets, name, numerics, calibratio
                  golden_count=golden_count, seed=seed, max_weight_bytes=max_weight_bytes,
                  max_workspace_bytes=max_workspace_bytes, calibration=cal,
                  weight_bits=weight_bits, input_frac_bits=_int_list(input_frac_bits),
-                 input_margin=input_margin,
+                 input_margin=input_margin, headroom=headroom,
                  hooks=hooks, hook_params=hook_params)
     m = r.manifest
     click.echo(f"kmlc: compiled {m['name']} ({m['numerics']}): {m['in_elems']} -> "
@@ -215,9 +219,13 @@ def run(outdir, input_, output):
     if x.ndim != 2 or x.shape[1] != twin.in_elems:
         raise KmlcError(f"has shape {tuple(x.shape)}; {twin.name} takes rows of "
                         f"{twin.in_elems} values: shape (N, {twin.in_elems})", where=input_)
-    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
-        raise KmlcError(f"has dtype {x.dtype}; expected float32", where=input_)
-    y = twin.run(x.astype(np.float32))  # fixed point: encoded, run, dequantized
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)
+            or x.dtype == np.bool_):
+        raise KmlcError(f"has dtype {x.dtype}; expected float32 (or the model's integer "
+                        "input type)", where=input_)
+    # integer features as they are; floats as float32 (fixed point: encoded,
+    # run, dequantized); outputs in the model's output type (bool, int64...)
+    y = twin.run(x if twin.integer_inputs else x.astype(np.float32))
     output = output if output.endswith(".npy") else output + ".npy"   # as np.save names it
     try:
         np.save(output, y)
@@ -241,11 +249,12 @@ def run(outdir, input_, output):
 @click.option("--weight-bits", default="auto", show_default=True, help="Fixed: as for compile.")
 @click.option("--input-margin", default=0.0, show_default=True, type=float,
               help="Fixed: as for compile.")
+@click.option("--headroom", type=float, help="Fixed: as for compile.")
 @click.option("--min-agreement", default=99.0, show_default=True,
               help="Fixed: decision agreement with the float model, percent.")
 @click.option("--min-sqnr", default=30.0, show_default=True, help="Fixed: output SQNR, dB.")
 def verify(model, data, samples, seed, atol, rtol, numerics, calibration, weight_bits,
-           input_margin, min_agreement, min_sqnr):
+           input_margin, headroom, min_agreement, min_sqnr):
     """Compare MODEL's twin with onnxruntime; fails past the documented bounds."""
     from .verify import verify_fixed, verify_model
 
@@ -256,7 +265,8 @@ def verify(model, data, samples, seed, atol, rtol, numerics, calibration, weight
                             "(held-out rows)")
         rep = verify_fixed(model, calibration=_load_npy(calibration, "calibration data"),
                            data=x, min_agreement=min_agreement, min_sqnr=min_sqnr,
-                           weight_bits=weight_bits, input_margin=input_margin)
+                           weight_bits=weight_bits, input_margin=input_margin,
+                           headroom=headroom)
         click.echo(rep.text())
         if not rep.ok:
             raise KmlcError("the fixed-point model departs from the float model beyond "

@@ -19,7 +19,7 @@ def decisions(y: np.ndarray, meta: dict) -> np.ndarray:
     """Per row of real values ``y`` (rows, elems) of one output: its
     decision, with ``meta`` the output's fixed-point entry (index, q15)."""
     y = np.asarray(y).reshape(len(y), -1)
-    if meta.get("index"):
+    if meta.get("index") or meta.get("integer"):
         return y.astype(np.int64)
     if y.shape[1] >= 2:
         return np.argmax(y, axis=1)[:, None]
@@ -30,6 +30,8 @@ def how(y_elems: int, meta: dict) -> str:
     """How ``decisions`` decides, for reports."""
     if meta.get("index"):
         return "class"
+    if meta.get("integer"):
+        return "value"
     return "argmax" if y_elems >= 2 else f"decision (>= {cut(meta):g})"
 
 

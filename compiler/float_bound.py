@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from .ir import Graph
+from .ops import CMP, ELEMENTWISE
 
 U = 2.0 ** -24
 ETA = 2.0 ** -149                 # absolute rounding error below the normal range
@@ -57,6 +58,36 @@ def _act(kind: str, params: dict, z, ez):
         y = 1 / (1 + np.exp(-z)) if kind == "sigmoid" else np.tanh(z)
         return y, lip * ez + ulps * ULP * np.abs(y) + absolute
     return z, np.full_like(z, np.inf)
+
+
+def _decision(op, operands):
+    """A decision op in float64, and its bound: 0 for comparisons, logic and
+    casts to integers and bools, whose results kmlc verify compares
+    exactly (with onnxruntime's float32 or float64 results); a rounding's
+    input bound plus 1 where that bound is not 0; the operands' otherwise."""
+    xs = [x for x, _ in operands]
+    es = [e for _, e in operands]
+    k, a = op.kind, op.attrs
+    if k == "compare":
+        return CMP[a["cmp"]](xs[0], xs[1]), 0.0
+    if k in ("not", "and", "or"):
+        f = {"not": np.logical_not, "and": np.logical_and, "or": np.logical_or}[k]
+        return f(*(x != 0 for x in xs)), 0.0
+    if k == "cast":
+        x = xs[0]
+        if a["to"] == "bool":
+            return x != 0, 0.0
+        if a["to"] == "f32":
+            return x, es[0] + U * np.abs(x)
+        return np.trunc(x), 0.0
+    if k in ("floor", "ceil", "round"):
+        f = {"floor": np.floor, "ceil": np.ceil, "round": np.round}[k]
+        return f(xs[0]), np.where(es[0] > 0, es[0] + 1, 0.0)
+    if k == "where":
+        return np.where(xs[0] != 0, xs[1], xs[2]), np.maximum(es[1], es[2])
+    if k in ("max", "min"):
+        return (np.maximum if k == "max" else np.minimum)(xs[0], xs[1]), np.maximum(*es)
+    return (np.abs if k == "abs" else np.negative)(xs[0]), es[0]
 
 
 def float_bound(g: Graph, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -120,6 +151,10 @@ def float_bound(g: Graph, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray
                 z = e / e.sum(axis=ax, keepdims=True)
                 rs = rel.max(axis=ax, keepdims=True) + gamma(n)
                 ez = z * ((rel + rs) / np.maximum(1 - rs, 1e-300) + U)
+            elif op.kind in ELEMENTWISE:
+                z, ez = _decision(op, [get(v) for v in op.inputs])
+                z = np.asarray(z, np.float64)
+                ez = np.broadcast_to(ez, z.shape)
             elif op.kind == "argmax":
                 x, ex = get(op.inputs[0])
                 ax = a["axis"] % len(op.inputs[0].type.shape) + 1

@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 
 from . import fmath, qmath
-from .ir import F32, I16, I32, I64, Graph, IRError, TensorType, Value
+from .ir import BOOL, DTYPES, F32, I16, I32, I64, Graph, IRError, TensorType, Value
 
 
 @dataclass(frozen=True)
@@ -120,10 +120,9 @@ def _f64(fn):
     return lambda *xs: fn(*(np.asarray(x, np.float64) for x in xs)).astype(np.float32)
 
 
-FOLD_ONLY_UNARY = {"abs": np.abs, "neg": np.negative, "sqrt": np.sqrt,
-                   "reciprocal": lambda x: np.float32(1) / x,
+FOLD_ONLY_UNARY = {"sqrt": np.sqrt, "reciprocal": lambda x: np.float32(1) / x,
                    "exp": _f64(np.exp), "log": _f64(np.log)}
-FOLD_ONLY_BINARY = {"pow": _f64(np.power), "max": np.maximum, "min": np.minimum}
+FOLD_ONLY_BINARY = {"pow": _f64(np.power)}
 
 
 def _fold_unary_for(fn):
@@ -150,6 +149,117 @@ def _transpose_infer(types, attrs):
 OPS["transpose"] = OpDef("transpose", _transpose_infer,
                          lambda xs, attrs: [np.ascontiguousarray(np.transpose(xs[0], attrs["perm"]))])
 FOLD_ONLY = set(FOLD_ONLY_UNARY) | set(FOLD_ONLY_BINARY) | {"transpose"}
+
+
+# ---- decisions --------------------------------------------------------------------
+# Comparisons, selection, logic, casts, rounding and min/max on runtime
+# tensors, in both numerics (the integer forms come from passes/quantize.py).
+# Every evaluator is the C of kml_elem.h / kml_math.h, and both are ONNX's
+# semantics with these choices where ONNX leaves the result open (written in
+# docs/numerics.md):
+#   cast f32 -> i32/i64    truncation toward zero; NaN and values outside the
+#                          target's range give its minimum (what x86's
+#                          cvttss2si gives, and so onnxruntime on x86)
+#   cast to a narrower int, abs/neg of the minimum integer: two's complement
+#                          wrap-around (numpy's and onnxruntime's results)
+#   max/min of floats      NaN wins; max(-0, +0) is its first operand (numpy)
+#   round                  half to even, like ONNX
+#
+#   compare (a, b) {cmp: gt|ge|lt|le|eq|ne} -> bool, numpy broadcasting; integer
+#                           operands may differ in width (fixed point's thresholds)
+#   where (c: bool, a, b)   c ? a : b, broadcast
+#   not (x: bool); and, or (a: bool, b: bool)
+#   cast (x) {to: f32|i32|i64|bool, or i16 in fixed point}
+#   floor, ceil, round (x: f32)
+#   max, min (a, b); abs, neg (x): f32, i32 or i64
+
+NUMERIC = (F32, I16, I32, I64)       # int16: fixed point's activations
+INTEGER = (I16, I32, I64, BOOL)
+CMP = {"gt": np.greater, "ge": np.greater_equal, "lt": np.less, "le": np.less_equal,
+       "eq": np.equal, "ne": np.not_equal}
+
+
+def _same_dtype(types, allowed, what):
+    d = types[0].dtype
+    _need(all(t.dtype == d for t in types), f"{what} operands differ in type: "
+          + ", ".join(str(t) for t in types))
+    _need(d in allowed, f"{what} of {d}, not " + " or ".join(str(a) for a in allowed))
+    return d
+
+
+def _compare_infer(types, attrs):
+    _need(len(types) == 2, "takes 2 operands")
+    _need(attrs["cmp"] in CMP, f"unknown comparison {attrs['cmp']}")
+    if not all(t.dtype in INTEGER for t in types):   # integers compare exactly across widths
+        _same_dtype(types, NUMERIC, "comparison")
+    return [TensorType(BOOL, broadcast_shape(types[0].shape, types[1].shape))]
+
+
+def _where_infer(types, attrs):
+    _need(len(types) == 3, "takes 3 operands")
+    _need(types[0].dtype == BOOL, f"where condition {types[0]} is not bool")
+    d = _same_dtype(types[1:], NUMERIC + (BOOL,), "where")
+    return [TensorType(d, broadcast_shape(*(t.shape for t in types)))]
+
+
+def _logic_infer(types, attrs):
+    _need(len(types) in (1, 2), "takes 1 or 2 operands")
+    _same_dtype(types, (BOOL,), "logic")
+    return [TensorType(BOOL, broadcast_shape(*(t.shape for t in types)))]
+
+
+def _numeric_infer(types, attrs):
+    _need(len(types) in (1, 2), "takes 1 or 2 operands")
+    d = _same_dtype(types, NUMERIC, "arithmetic")
+    return [TensorType(d, broadcast_shape(*(t.shape for t in types)))]
+
+
+def _cast_infer(types, attrs):
+    _need(len(types) == 1, "takes 1 operand")
+    _need(types[0].dtype in NUMERIC + (BOOL,), f"cast of {types[0]}")
+    _need(attrs["to"] in ("f32", "i16", "i32", "i64", "bool"), f"cast to {attrs['to']}")
+    return [TensorType(DTYPES[attrs["to"]], types[0].shape)]
+
+
+def cast_eval(x: np.ndarray, to: str) -> np.ndarray:
+    """kml_elem.h's casts (see above): numpy's, but for floats to integers."""
+    dt = DTYPES[to].np
+    if to in ("i32", "i64") and x.dtype == np.float32:
+        info = np.iinfo(dt)
+        ok = (x >= np.float32(info.min)) & (x < -np.float32(info.min))   # NaN: False
+        return np.where(ok, np.trunc(np.where(ok, x, 0)).astype(dt), dt(info.min))
+    if to == "bool":
+        return x != 0
+    return x.astype(dt)
+
+
+OPS["compare"] = OpDef("compare", _compare_infer,
+                       lambda xs, attrs: [CMP[attrs["cmp"]](xs[0], xs[1])])
+OPS["where"] = OpDef("where", _where_infer, lambda xs, attrs: [np.where(xs[0], xs[1], xs[2])])
+OPS["not"] = OpDef("not", _logic_infer, lambda xs, attrs: [np.logical_not(xs[0])])
+OPS["and"] = OpDef("and", _logic_infer, lambda xs, attrs: [np.logical_and(xs[0], xs[1])])
+OPS["or"] = OpDef("or", _logic_infer, lambda xs, attrs: [np.logical_or(xs[0], xs[1])])
+OPS["cast"] = OpDef("cast", _cast_infer, lambda xs, attrs: [cast_eval(xs[0], attrs["to"])])
+for _k, _fn in {"floor": np.floor, "ceil": np.ceil, "round": np.round}.items():
+    OPS[_k] = OpDef(_k, _unary_infer, (lambda fn: lambda xs, attrs: [fn(xs[0])])(_fn))
+
+
+def _max_min(ge):
+    """kml_maxf/kml_minf: (a >= b || a is NaN) ? a : b (<= for min), which
+    fixes the sign of max(-0, +0) too; plain for integers."""
+    def ev(xs, attrs):
+        a, b = np.broadcast_arrays(xs[0], xs[1])
+        keep = ge(a, b) | (np.isnan(a) if a.dtype.kind == "f" else False)
+        return [np.where(keep, a, b)]
+    return ev
+
+
+OPS["max"] = OpDef("max", _numeric_infer, _max_min(np.greater_equal))
+OPS["min"] = OpDef("min", _numeric_infer, _max_min(np.less_equal))
+OPS["abs"] = OpDef("abs", _numeric_infer, lambda xs, attrs: [np.abs(xs[0])])
+OPS["neg"] = OpDef("neg", _numeric_infer, lambda xs, attrs: [np.negative(xs[0])])
+ELEMENTWISE = ("compare", "where", "not", "and", "or", "cast", "floor", "ceil", "round",
+               "max", "min", "abs", "neg")
 
 
 # ---- reductions -----------------------------------------------------------
@@ -308,8 +418,10 @@ OPS["dense"] = OpDef("dense", _dense_infer, _dense_eval)
 # their ranges and sets the integer multipliers (mult, shift) the evaluators
 # and the C use.  Every evaluator is kml_fixed.h's arithmetic via kmlc.qmath.
 #
-#   qinput (x: i32) {center, shift}       per element of x, exact, no clamp:
-#       y = round_shift(x - center, shift)   (i32: shift >= 1)
+#   qinput (x: i32 | i64) {center, shift}  per element of x, exact, no clamp:
+#       y = round_shift(x - center, shift)   (i32: shift >= 1); an i64 x (an
+#       integer feature) saturates to int32 first; with saturate (integer
+#       features, whose shift may be 0) y saturates to int32 too
 #   qdense (x: i16 | i32, w [N, K] i8|i16, b [N] i32|i64) {acc, mode, mult, shift, ...}
 #       acc[n] = b[n] + x[0]*w[n,0] + x[1]*w[n,1] + ...   (exact integers; an
 #       i32 x is a qinput's: its values beyond int16 take the exact wide path)
@@ -319,6 +431,9 @@ OPS["dense"] = OpDef("dense", _dense_infer, _dense_eval)
 #       mode lut:   y = f_q15(clamp(requant(acc, mult[n], shift[n]), s32))
 #   qact (x: i16) {mode, zp, ...}
 #       clamp: y = clamp(x, lo, hi)
+#       neg, abs: y = clamp(zp_out + requant(-(x - zp) or |x - zp|, mult, shift), i16)
+#       round: y = zp_out + fn((x - zp) * mult / 2^shift), fn floor | ceil | round
+#              (half to even), exact in integers; the compiler proves y in int16
 #       leaky: y = x >= zp ? x : clamp(zp + requant(x - zp, mult, shift), i16)
 #              (requant(zp - x, ...) when flip: a negative slope)
 #       lut:   y = f_q15(clamp(requant(x - zp, mult, shift), s32))
@@ -337,8 +452,10 @@ def _q_infer(dtype_in):
 
 
 def _qinput_eval(xs, attrs):
-    x = xs[0].reshape(-1).astype(np.int64)
+    x = qmath.clamp(xs[0].reshape(-1).astype(np.int64), *S32)    # an int64 input saturates
     y = qmath.round_shift(x - np.array(attrs["center"]), np.array(attrs["shift"]))
+    if attrs.get("saturate"):
+        y = qmath.clamp(y, *S32)
     return [y.reshape(xs[0].shape)]
 
 
@@ -376,6 +493,14 @@ def _qact_eval(xs, attrs):
     x = xs[0].astype(np.int64)
     if attrs["mode"] == "clamp":
         return [qmath.clamp(x, attrs["lo"], attrs["hi"])]
+    if attrs["mode"] in ("neg", "abs"):     # y = zp_out + requant(-d or |d|), d = x - zp
+        d = x - attrs["zp"]
+        d = -d if attrs["mode"] == "neg" else np.abs(d)
+        return [qmath.clamp(attrs["zp_out"] + qmath.requant(d, attrs["mult"], attrs["shift"]),
+                            *S16)]
+    if attrs["mode"] == "round":            # y = zp_out + fn((x - zp) * mult / 2^shift)
+        k = qmath.round_q((x - attrs["zp"]) * attrs["mult"], attrs["shift"], attrs["fn"])
+        return [attrs["zp_out"] + k]
     if attrs["mode"] == "leaky":
         d = attrs["zp"] - x if attrs.get("flip") else x - attrs["zp"]
         r = attrs["zp"] + qmath.requant(d, attrs["mult"], attrs["shift"])
@@ -395,7 +520,7 @@ def _qsoftmax_eval(xs, attrs):
 
 
 def _qinput_infer(types, attrs):
-    _need(types[0].dtype == I32, f"qinput operand {types[0]} is not i32")
+    _need(types[0].dtype in (I32, I64), f"qinput operand {types[0]} is not i32 or i64")
     return [TensorType(I32, types[0].shape)]
 
 

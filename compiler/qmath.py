@@ -63,6 +63,25 @@ WIDE_LIMIT = 2**63 - 1
 
 
 @np.errstate(over="ignore")
+def floor_shift(v, shift) -> np.ndarray:
+    """floor(v / 2^shift) (kml_floor_shift)."""
+    return np.floor_divide(_i64(v), np.left_shift(np.int64(1), np.asarray(shift, np.int64)))
+
+
+def round_q(v, shift, fn: str) -> np.ndarray:
+    """kml_floor_q, kml_ceil_q, kml_round_q: the integer v / 2^shift rounds
+    to down, up, or half to even."""
+    v = _i64(v)
+    if fn == "floor":
+        return floor_shift(v, shift)
+    if fn == "ceil":
+        return -floor_shift(-v, shift)
+    h = v + (np.int64(1) << np.int64(shift - 1))
+    q = floor_shift(h, shift)
+    tie = (h & ((np.int64(1) << np.int64(shift)) - 1)) == 0
+    return np.where(tie & (q & 1 == 1), q - 1, q)
+
+
 def requant(acc, mult, shift) -> np.ndarray:
     """round(acc * mult / 2^shift), ties away from zero: kml_requant where
     |acc| * mult < 2^63 (what the compiler proves for the int32-and-int16

@@ -81,6 +81,8 @@ class Program:
     quant: object = None  # passes.quantize.QuantInfo for fixed-point programs
     graph: object = None  # the graph that was lowered (float: what the C computes)
     hooks: list = field(default_factory=list)  # kernel hooks generated with the model
+    in_dtype: DType | None = None    # element type of the entry point's in[]
+    out_dtype: DType | None = None   # and of its out[] (passes/lower.py: io_types)
 
     def buffers(self, kind: str | None = None) -> list[Buffer]:
         seen: dict[Buffer, None] = {}

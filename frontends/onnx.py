@@ -24,25 +24,34 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import KmlcError, node_ref
-from ..ir import F32, Graph, IRError, Op, TensorType, Value, c_identifier, const, fresh_namer, verify
+from ..ir import BOOL, F32, I32, I64, Graph, IRError, Op, TensorType, Value, c_identifier, const, \
+    fresh_namer, verify
 from ..ops import evaluate, infer_types
 
 MIN_OPSET = 13
 
 # ONNX ops kmlc compiles to kernels.
-SUPPORTED = ("Add", "ArgMax", "Clip", "Div", "Flatten", "Gemm", "Identity", "LeakyRelu",
-             "MatMul", "Mul", "Relu", "Reshape", "Sigmoid", "Softmax", "Sub", "Tanh")
+SUPPORTED = ("Abs", "Add", "And", "ArgMax", "Cast", "Ceil", "Clip", "Div", "Equal", "Flatten",
+             "Floor", "Gemm", "Greater", "GreaterOrEqual", "Identity", "LeakyRelu", "Less",
+             "LessOrEqual", "MatMul", "Max", "Min", "Mul", "Neg", "Not", "Or", "Relu",
+             "Reshape", "Round", "Sigmoid", "Softmax", "Sub", "Tanh", "Where")
 # ONNX ops that become IR ops the fold-constants pass must remove: float math
 # exporters apply to constants (e.g. computing 1/std).
-FOLD_ONLY = {"Abs": "abs", "Exp": "exp", "Log": "log", "Max": "max", "Min": "min",
-             "Neg": "neg", "Pow": "pow", "Reciprocal": "reciprocal", "Sqrt": "sqrt",
-             "Transpose": "transpose"}
+FOLD_ONLY = {"Exp": "exp", "Log": "log", "Pow": "pow", "Reciprocal": "reciprocal",
+             "Sqrt": "sqrt", "Transpose": "transpose"}
+# Element types of runtime tensors: ONNX's name -> kmlc's.
+ELEM_TYPES = {1: F32, 6: I32, 7: I64, 9: BOOL}   # FLOAT, INT32, INT64, BOOL
+_ONNX_NAMES = {F32: "float32", I32: "int32", I64: "int64", BOOL: "bool"}
 # ONNX ops evaluated while importing, because shapes depend on them.
-STATIC = ("Cast", "Concat", "Constant", "ConstantOfShape", "Gather", "Shape", "Slice",
+STATIC = ("Concat", "Constant", "ConstantOfShape", "Gather", "Shape", "Slice",
           "Squeeze", "Unsqueeze")
 
 _SIMPLE = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Relu": "relu",
-           "Sigmoid": "sigmoid", "Tanh": "tanh", "MatMul": "matmul"}
+           "Sigmoid": "sigmoid", "Tanh": "tanh", "MatMul": "matmul", "Where": "where",
+           "Not": "not", "And": "and", "Or": "or", "Floor": "floor", "Ceil": "ceil",
+           "Round": "round", "Abs": "abs", "Neg": "neg"}
+_COMPARE = {"Greater": "gt", "GreaterOrEqual": "ge", "Less": "lt", "LessOrEqual": "le",
+            "Equal": "eq"}
 
 
 def supported_ops_text() -> str:
@@ -181,8 +190,6 @@ class Importer:
 
     def bind_inputs(self):
         """Graph inputs with the batch dimension bound; returns {name: TensorType}."""
-        from onnx import TensorProto
-
         inits = {i.name for i in self.model.graph.initializer}
         bound = {}
         for vi in self.model.graph.input:
@@ -191,10 +198,10 @@ class Importer:
             tt = vi.type.tensor_type
             if not vi.type.HasField("tensor_type"):
                 self.fail(f"input '{vi.name}' is not a tensor")
-            if tt.elem_type != TensorProto.FLOAT:
+            if tt.elem_type not in ELEM_TYPES:
                 self.fail(f"input '{vi.name}' has element type "
                           f"{_type_name(tt.elem_type)}; "
-                          "kmlc models take float32 inputs")
+                          "kmlc models take float32, int32, int64 or bool inputs")
             if not tt.HasField("shape"):
                 self.fail(f"input '{vi.name}' has no shape; give it a static shape "
                           "(a symbolic leading batch dimension is allowed)")
@@ -210,7 +217,7 @@ class Importer:
                     label = f" ('{d.dim_param}')" if d.dim_param else ""
                     self.fail(f"input '{vi.name}' has a dynamic dimension {i}{label}; only a "
                               "leading batch dimension may be symbolic")
-            bound[vi.name] = TensorType(F32, tuple(dims))
+            bound[vi.name] = TensorType(ELEM_TYPES[tt.elem_type], tuple(dims))
         if not bound:
             self.fail("model has no runtime inputs")
         return bound
@@ -279,9 +286,9 @@ class Importer:
             if vi.name not in self.env:
                 self.fail(f"graph output '{vi.name}' is not produced by any node")
             v = self.env[vi.name]
-            if v.type.dtype.name not in ("f32", "i64"):
-                self.fail(f"output '{vi.name}' has type {v.type.dtype}; kmlc outputs float32 "
-                          "(or an ArgMax index)")
+            if v.type.dtype not in ELEM_TYPES.values():
+                self.fail(f"output '{vi.name}' has type {v.type.dtype}; kmlc outputs float32, "
+                          "int32, int64 or bool")
             outputs.append(v)
 
         graph = Graph(name, inputs, outputs, self.ops)
@@ -301,11 +308,12 @@ class Importer:
         arr = np.asarray(arr)
         if arr.dtype == np.float32 and not np.all(np.isfinite(arr)):
             self.fail(f"tensor '{onnx_name}' holds non-finite values")
+        typed = arr if arr.dtype in (np.float32, np.int32, np.int64, np.bool_) else None
         if arr.dtype.kind in "iub":
-            arr = arr.astype(np.int64)
+            arr = arr.astype(np.int64)      # shape arithmetic works in int64
         self.known[onnx_name] = arr
-        if arr.dtype in (np.float32, np.int64) and arr.size:
-            self.env[onnx_name] = const(self.fresh(c_identifier(onnx_name, "c")), arr)
+        if typed is not None and arr.size:
+            self.env[onnx_name] = const(self.fresh(c_identifier(onnx_name, "c")), typed)
 
     def get(self, node, i: int) -> Value | None:
         if i >= len(node.input) or node.input[i] == "":
@@ -315,26 +323,31 @@ class Importer:
             return self.env[name]
         if name in self.known:
             self.fail(f"operand '{name}' is a {self.known[name].dtype} tensor of shape "
-                      f"{list(self.known[name].shape)}; kmlc computes on non-empty float32 "
-                      "tensors only", node)
+                      f"{list(self.known[name].shape)}; kmlc computes on non-empty float32, "
+                      "int32, int64 and bool tensors only", node)
         self.fail(f"input '{name}' is not a graph input, an initializer or an earlier "
                   "node's output", node)
 
-    def emit(self, node, kind: str, inputs: list[Value], attrs: dict | None = None) -> None:
+    def emit(self, node, kind: str, inputs: list[Value], attrs: dict | None = None,
+             out: str | None = None) -> None:
+        """One IR op for ``node``, its result bound to the node's output (or
+        to ``out``, an intermediate of a node that becomes several ops)."""
         attrs = attrs or {}
-        for i, v in enumerate(inputs):
-            if v.type.dtype != F32:
-                self.fail(f"operand {i} ('{node.input[i]}') has element type {v.type.dtype}; "
-                          "kmlc computes in float32 only", node)
         try:
             types = infer_types(kind, [v.type for v in inputs], attrs)
         except ValueError as e:
+            if "is not f32" in str(e):       # an integer operand of a float op
+                i, v = next((i, v) for i, v in enumerate(inputs) if v.type.dtype != F32)
+                self.fail(f"operand '{node.input[i]}' has element type "
+                          f"{_ONNX_NAMES.get(v.type.dtype, v.type.dtype)}; {node.op_type} "
+                          "computes on float32 only (Cast it to float first)", node)
             self.fail(str(e), node)
-        outs = [Value(self.fresh(c_identifier(o, "t")), t) for o, t in zip(node.output, types)]
+        name = out or node.output[0]
+        outs = [Value(self.fresh(c_identifier(name, "t")), t) for t in types]
         op = Op(kind, list(inputs), outs, attrs, (f"{self.node_name(node)} ({node.op_type})",))
         self.ops.append(op)
         self.producer[outs[0]] = op
-        self.env[node.output[0]] = outs[0]
+        self.env[name] = outs[0]
 
     def attrs(self, node) -> dict:
         from onnx import helper
@@ -385,16 +398,30 @@ class Importer:
         x = ins[0] if ins else None
         if op in _SIMPLE:
             self.emit(node, _SIMPLE[op], ins)
+        elif op in _COMPARE:
+            self.emit(node, "compare", ins, {"cmp": _COMPARE[op]})
+        elif op in ("Max", "Min"):
+            if len(ins) == 1:
+                self.emit(node, "reshape", ins, {"shape": list(x.type.shape)})
+            else:   # variadic: a chain of binary ops, left to right, as onnxruntime folds them
+                for i, v in enumerate(ins[1:], 1):
+                    last = i == len(ins) - 1
+                    self.emit(node, op.lower(), [x, v], out=None if last else f"{node.output[0]}#{i}")
+                    x = self.env[node.output[0] if last else f"{node.output[0]}#{i}"]
+        elif op == "Cast":
+            to = ELEM_TYPES.get(a.get("to"))
+            if to is None:
+                self.fail(f"Cast to {_type_name(a.get('to', 0))} of runtime data; kmlc casts "
+                          "to float32, int32, int64 and bool", node)
+            if to == x.type.dtype:
+                self.emit(node, "reshape", [x], {"shape": list(x.type.shape)})
+            else:
+                self.emit(node, "cast", [x], {"to": to.name})
         elif op in FOLD_ONLY:
             kind = FOLD_ONLY[op]
-            if kind in ("max", "min") and len(ins) > 2:
-                self.fail(f"{op} with more than two inputs is not supported", node)
-            if kind in ("max", "min") and len(ins) == 1:
-                self.emit(node, "reshape", ins, {"shape": list(x.type.shape)})
-            else:
-                attrs = {"perm": list(a.get("perm", range(len(x.type.shape))[::-1]))} \
-                    if kind == "transpose" else {}
-                self.emit(node, kind, ins, attrs)
+            attrs = {"perm": list(a.get("perm", range(len(x.type.shape))[::-1]))} \
+                if kind == "transpose" else {}
+            self.emit(node, kind, ins, attrs)
         elif op == "LeakyRelu":
             self.emit(node, "leaky_relu", [x], {"alpha": float(np.float32(a.get("alpha", 0.01)))})
         elif op == "Clip":
@@ -432,7 +459,7 @@ class Importer:
                           node)
             self.emit(node, "reshape", [x], {"shape": self.reshape_target(
                 node, x.type.shape, target.reshape(-1).tolist(), int(a.get("allowzero", 0)))})
-        elif op in ("Identity", "Cast"):
+        elif op == "Identity":
             self.emit(node, "reshape", [x], {"shape": list(x.type.shape)})
 
     def reshape_target(self, node, shape, target, allowzero):
@@ -471,8 +498,8 @@ class Importer:
         else:
             d = [self.value_of(n) if n else None for n in node.input]
             if any(x is None for n, x in zip(node.input, d) if n):
-                if op == "Cast" and a.get("to") == 1:
-                    return False
+                if op == "Cast":
+                    return False       # a cast of runtime data: an IR op
                 self.fail(f"{op} on runtime data is not supported; kmlc evaluates {op} only "
                           "when its inputs are known at compile time", node)
             try:

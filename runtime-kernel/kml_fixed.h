@@ -16,6 +16,7 @@
 #define KML_FIXED_H
 
 #include "kml_types.h"
+#include "kml_elem.h"
 #include "kml_lut.h"
 
 /* |v| as u64; defined for every s64, including S64_MIN. */
@@ -144,6 +145,39 @@ static inline s64 kml_clamp(s64 v, s64 lo, s64 hi)
 }
 
 /* v saturated to s32, the input type of the table lookups. */
+/*
+ * floor(v / 2^shift), |v| < 2^62, with no shift of a negative value: the
+ * magnitude's quotient, rounded up for a negative v.
+ */
+static inline s64 kml_floor_shift(s64 v, unsigned int shift)
+{
+	if (v >= 0)
+		return (s64)((u64)v >> shift);
+	return -(s64)(((u64)-v + (1ULL << shift) - 1) >> shift);
+}
+
+/* The integer a real value v / 2^shift rounds to: ONNX Floor, Ceil, Round. */
+static inline s64 kml_floor_q(s64 v, unsigned int shift)
+{
+	return kml_floor_shift(v, shift);
+}
+
+static inline s64 kml_ceil_q(s64 v, unsigned int shift)
+{
+	return -kml_floor_shift(-v, shift);
+}
+
+/* Half to even (ONNX Round); shift >= 1. */
+static inline s64 kml_round_q(s64 v, unsigned int shift)
+{
+	s64 h = v + (1LL << (shift - 1));
+	s64 q = kml_floor_shift(h, shift);
+
+	if (((u64)h & ((1ULL << shift) - 1)) == 0 && ((u64)q & 1))	/* a tie, q odd */
+		q--;
+	return q;
+}
+
 static inline s32 kml_sat_s32(s64 v)
 {
 	return (s32)kml_clamp(v, -2147483647LL - 1, 2147483647LL);

@@ -22,6 +22,7 @@
 #ifndef KML_MATH_H
 #define KML_MATH_H
 
+#include "kml_elem.h"
 #include "kml_types.h"
 
 union kml_f32 {
@@ -238,6 +239,93 @@ static inline kml_f32x4 kml_clipf_x4(kml_f32x4 x, float lo, float hi)
 {
 	x = kml_select_x4(x < lo, kml_f32x4_splat(lo), x);
 	return kml_select_x4(x > hi, kml_f32x4_splat(hi), x);
+}
+
+/*
+ * Decision ops on floats (ONNX Floor, Ceil, Round, Max, Min, Abs, Cast to
+ * an integer), exact: bit operations, comparisons and additions of
+ * integers below 2^24, so every result is the correctly rounded one.
+ */
+
+/* x rounded toward zero, its sign kept (-0.5 gives -0); NaN and inf kept. */
+static inline float kml_truncf(float x)
+{
+	union kml_f32 v = { .f = x };
+	u32 e = (v.u >> 23) & 0xff;
+
+	if (e >= 127 + 23)		/* |x| >= 2^23: an integer, inf or NaN */
+		return x;
+	if (e < 127)			/* |x| < 1: a zero of x's sign */
+		v.u &= 0x80000000u;
+	else				/* clear the fraction's bits */
+		v.u &= ~((1u << (127 + 23 - e)) - 1);
+	return v.f;
+}
+
+static inline float kml_floorf(float x)
+{
+	float t = kml_truncf(x);
+
+	return t > x ? t - 1.0f : t;
+}
+
+static inline float kml_ceilf(float x)
+{
+	float t = kml_truncf(x);
+
+	return t < x ? t + 1.0f : t;
+}
+
+/* Round half to even (ONNX Round); the sign of a zero result is x's. */
+static inline float kml_roundf(float x)
+{
+	float t = kml_truncf(x);
+	float d = x - t;		/* exact: x's fraction, |d| < 1 */
+	float step = x < 0.0f ? -1.0f : 1.0f;
+
+	if (d > 0.5f || d < -0.5f)
+		return t + step;
+	if ((d == 0.5f || d == -0.5f) && ((s32)t & 1))	/* |t| < 2^23 here */
+		return t + step;
+	return t;
+}
+
+/* numpy's maximum and minimum: a NaN in either operand gives NaN. */
+static inline float kml_maxf(float a, float b)
+{
+	return (a >= b || a != a) ? a : b;
+}
+
+static inline float kml_minf(float a, float b)
+{
+	return (a <= b || a != a) ? a : b;
+}
+
+static inline float kml_absf(float x)
+{
+	union kml_f32 v = { .f = x };
+
+	v.u &= 0x7fffffffu;
+	return v.f;
+}
+
+/*
+ * Cast to an integer: truncation toward zero; NaN and values outside the
+ * type's range give its minimum, as x86's cvttss2si does (C leaves the
+ * conversion undefined there, so it is never reached out of range).
+ */
+static inline s32 kml_f32_to_s32(float x)
+{
+	if (x >= -2147483648.0f && x < 2147483648.0f)
+		return (s32)x;
+	return -2147483647 - 1;
+}
+
+static inline s64 kml_f32_to_s64(float x)
+{
+	if (x >= -9223372036854775808.0f && x < 9223372036854775808.0f)
+		return (s64)x;
+	return -9223372036854775807LL - 1;
 }
 
 #endif /* KML_MATH_H */

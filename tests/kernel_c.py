@@ -69,3 +69,31 @@ def check_checkpatch_clean(directory: Path, strict: bool = False) -> None:
                               *(["--strict"] if strict else []), f], cwd=directory,
                              capture_output=True, text=True)
         assert want in res.stdout, f + "\n" + res.stdout
+
+
+DRIVER = r"""
+#include <stdio.h>
+#include "{name}.h"
+
+int main(int argc, char **argv)
+{{
+	static {in_t} in[KML_{NAME}_IN_ELEMS];
+	static {out_t} out[KML_{NAME}_OUT_ELEMS];
+	static unsigned long long ws[KML_{NAME}_WORKSPACE_BYTES / 8 + 1];
+	FILE *fi = fopen(argv[1], "rb"), *fo = fopen(argv[2], "wb");
+
+	while (fread(in, sizeof(in), 1, fi) == 1) {{
+		if (kml_{name}_infer(in, out, ws))
+			return 3;
+		fwrite(out, sizeof(out), 1, fo);
+	}}
+	fclose(fo);
+	return 0;
+}}
+"""
+
+
+def infer_driver(name: str, in_t: str = "s32", out_t: str = "s32") -> str:
+    """A C program that runs model ``name``'s entry point on every row of a
+    binary file of in[] arrays, writing out[] arrays: for the sanitizers."""
+    return DRIVER.format(name=name, NAME=name.upper(), in_t=in_t, out_t=out_t)

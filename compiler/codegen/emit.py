@@ -140,6 +140,18 @@ def arg(b: Buffer) -> str:
     return f"{base} + {b.offset}" if b.kind in ("input", "output") and b.offset else base
 
 
+def ewise_expr(k: Kernel, vars: list[str]) -> tuple[str, str]:
+    """An elementwise kernel's statement for loop variables ``vars``, and
+    its expression on the operands' names, for the comment."""
+    roles = [r for r in k.operands if r != "y"]
+    terms = {r: [(var, st[i]) for var, (_, st) in zip(vars, k.params["dims"])]
+             for i, r in enumerate(roles + ["y"])}
+    e = k.params["expr"].format(**{r: at(r, k.operands[r], terms[r]) for r in roles})
+    shown = k.params["expr"].format(**{r: (k.operands[r].name if k.operands[r].kind == "const"
+                                           else r) for r in roles})
+    return f"{at('y', k.operands['y'], terms['y'])} = {e};", shown
+
+
 def matmul_view(k: Kernel) -> dict:
     """Spellings of A(i,k), B(k,j), C(i,j), Y(i,j) for the matmul template."""
     p, ops = k.params, k.operands
@@ -257,11 +269,14 @@ def initializer(data: np.ndarray, indent: int = 1) -> str:
     return "\n".join(rows)
 
 
-def u32_hex(values: np.ndarray) -> list[str]:
-    """Bit patterns of float32 or int32 values, for golden vectors."""
-    a = np.asarray(values)
-    a = a.astype(np.float32) if a.dtype.kind == "f" else a.astype(np.int32)
-    return [f"0x{int(u):08x}" for u in a.view(np.uint32).reshape(-1)]
+BITS = {1: ("u8", np.uint8), 4: ("u32", np.uint32), 8: ("u64", np.uint64)}
+
+
+def bits_hex(values: np.ndarray, dtype) -> list[str]:
+    """Bit patterns of values of element type ``dtype`` (an in[] or out[]
+    carrier), for golden vectors: the C needs no FPU to hold them."""
+    a = np.ascontiguousarray(np.asarray(values).astype(dtype.np))
+    return [f"0x{int(u):0{2 * dtype.size}x}" for u in a.view(BITS[dtype.size][1]).reshape(-1)]
 
 
 def macro_init(values) -> str:
@@ -298,8 +313,8 @@ def environment() -> jinja2.Environment:
                        macro_init=macro_init, positional=positional, ctext=c_text,
                        ccomment=ccomment)
     env.globals.update(cfloat=cfloat, idx=idx, at=at, act_call=act_call, params=params,
-                       arg=arg, matmul_view=matmul_view, loop_vars=loop_vars, loops_zero=loops_zero,
-                       initializer=initializer, u32_hex=u32_hex, version=__version__,
+                       arg=arg, matmul_view=matmul_view, ewise_expr=ewise_expr, loop_vars=loop_vars, loops_zero=loops_zero,
+                       initializer=initializer, bits_hex=bits_hex, version=__version__,
                        const_layout=const_layout, macro=macro, q_output=q_output,
                        zip=zip, enumerate=enumerate, dict=dict)
     return env
@@ -374,7 +389,9 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         "consts": prog.buffers("const"),
         "live": {r.name: (r.start, r.end) for r in prog.plan.requests},
         "user_cflags": user_cflags, "fixed": fixed, "core": core_name(prog),
-        "io": "s32" if fixed else "float", "luts": luts, "ports": port_macros(prog), "encoding": fixed_interface(prog),
+        "in_t": prog.in_dtype.ctype, "out_t": prog.out_dtype.ctype,
+        "in_bits": BITS[prog.in_dtype.size][0], "out_bits": BITS[prog.out_dtype.size][0],
+        "luts": luts, "ports": port_macros(prog), "encoding": fixed_interface(prog),
         "hooks": list(getattr(prog, "hooks", ()) or ()), **binding_context(prog),
     }
 

@@ -48,6 +48,9 @@ def check_hooks(prog, hooks, targets) -> list[str]:
     if len(out) > 1:
         raise KmlcError("one hook per model: compile the model once per hook")
     for h in out:
+        if prog.in_dtype.name not in ("f32", "i32", "i64"):
+            raise KmlcError(f"the {h} hook feeds integer features; this model takes "
+                            f"{prog.in_dtype} inputs (float32, int32 or int64 ones work)")
         owner(h).check(prog)
     return out
 

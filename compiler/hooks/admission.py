@@ -44,8 +44,10 @@ class Admission(Hook):
             raise KmlcError(f"the admission hook feeds Heimdall's {FEATURES} features and reads "
                             f"one output; this model takes {prog.in_elems} and gives "
                             f"{prog.out_elems}")
-        if prog.quant.outputs[prog.outputs[0].buffer.value].get("index"):
-            raise KmlcError("the admission hook needs a score output, not a class index")
+        if prog.quant.outputs[prog.outputs[0].buffer.value].get("index") or \
+                prog.out_dtype.name not in ("i32", "bool"):
+            raise KmlcError("the admission hook needs a score output or a bool decision "
+                            "(1: decline), not a class index or another integer")
         if len(f"kml_{prog.name}") > DM_MAX_TYPE_NAME - 1:
             raise KmlcError(f"the admission hook registers the device-mapper target "
                             f"'kml_{prog.name}', longer than device-mapper's "
@@ -56,6 +58,9 @@ class Admission(Hook):
         from ..codegen.emit import fixed_interface
 
         out = fixed_interface(prog)["outputs"][0]
+        if prog.out_dtype.name == "bool":
+            return {"decide": "threshold", "decline_at": 1,
+                    "decline_doc": "true: the model's own decision, inside its graph"}
         if out.get("q15"):
             return {"decide": "threshold", "decline_at": 16384,
                     "decline_doc": "probability 0.5 in Q0.15"}

@@ -57,14 +57,21 @@ def _fail(op: Op, msg: str):
 
 
 def bound_ranges(g: Graph) -> Graph:
-    iv: dict[Value, tuple[int, int]] = {v: (-2**31, S32_MAX) for v in g.inputs}
+    iv: dict[Value, tuple[int, int]] = {
+        v: (0, 1) if v.type.dtype.name == "bool" else (int(np.iinfo(v.type.dtype.np).min),
+                                                       int(np.iinfo(v.type.dtype.np).max))
+        for v in g.inputs}
     for op in g.ops:
         x = op.inputs[0]
         xl, xh = iv[x]
         a = op.attrs
         if op.kind == "qinput":
+            # an int64 input saturates to int32 first (kml_sat_s32)
+            xl, xh = max(xl, -2**31), min(xh, S32_MAX)
             c, s = np.array(a["center"]), np.array(a["shift"])
             out = (int(round_shift(xl - c, s).min()), int(round_shift(xh - c, s).max()))
+            if a.get("saturate"):
+                out = (max(out[0], -2**31), min(out[1], S32_MAX))
             if out[0] < -2**31 or out[1] > S32_MAX:
                 _fail(op, f"encoded inputs reach {out}, beyond int32")
         elif op.kind == "qdense":
@@ -97,11 +104,13 @@ def bound_ranges(g: Graph) -> Graph:
         elif op.kind == "qact":
             if a["mode"] == "clamp":
                 out = (max(xl, a["lo"]), min(xh, a["hi"]))
+            elif a["mode"] == "round":       # quantize.py sized zp_out for the whole input
+                out = (a["lo"], a["hi"])
             else:
                 dev = max(abs(xl - a["zp"]), abs(xh - a["zp"]))
                 (m,), (s,) = _mults(op, a["scale"], dev)
                 a["mult"], a["shift"] = m, s
-                out = (-32768, 32767) if a["mode"] == "leaky" else \
+                out = (-32768, 32767) if a["mode"] in ("leaky", "neg", "abs") else \
                     ((0, 32767) if a["fn"] == "sigmoid" else (-32767, 32767))
         elif op.kind == "qsoftmax":
             n = x.type.shape[a["axis"] % len(x.type.shape)]
@@ -115,6 +124,17 @@ def bound_ranges(g: Graph) -> Graph:
             out = (0, n - 1)
         elif op.kind == "reshape":
             out = (xl, xh)
+        elif op.kind in ("compare", "not", "and", "or"):
+            out = (0, 1)
+        elif op.kind in ("where", "max", "min"):
+            vals = [iv[v] if not v.is_const else (int(v.data.min()), int(v.data.max()))
+                    for v in (op.inputs[1:] if op.kind == "where" else op.inputs)]
+            out = (min(v[0] for v in vals), max(v[1] for v in vals))
+        elif op.kind == "cast":
+            t = op.output.type.dtype
+            lim = (0, 1) if t.name == "bool" else (int(np.iinfo(t.np).min),
+                                                    int(np.iinfo(t.np).max))
+            out = lim if t.name == "bool" or not (lim[0] <= xl and xh <= lim[1]) else (xl, xh)
         else:
             raise KmlcError(f"bound_ranges: unexpected op {op.kind}")
         iv[op.output] = out

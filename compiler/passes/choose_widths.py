@@ -44,7 +44,8 @@ def agreement(g: Graph, cal: Calibration, qg: Graph, info) -> float:
     pick = np.unique(np.linspace(0, n - 1, min(n, ROWS)).round().astype(int))
     x = np.concatenate([cal.samples[v][pick] for v in g.inputs], axis=1)
     frac = [f for iv in qg.inputs for f in info.inputs[iv.name]["frac_bits"]]
-    raw = encode_rows(x, frac)
+    integer = any("onnx_dtype" in info.inputs[iv.name] for iv in qg.inputs)
+    raw = np.round(x).astype(np.int64) if integer else encode_rows(x, frac)
     outs = [[] for _ in qg.outputs]
     for row in raw:
         parts, off = [], 0
@@ -58,7 +59,7 @@ def agreement(g: Graph, cal: Calibration, qg: Graph, info) -> float:
     for v, fv, got in zip(qg.outputs, g.outputs, outs):
         meta = info.outputs[v.name]
         got = np.stack(got)
-        if not meta.get("index"):
+        if "scale" in meta:
             got = (got - meta["zp"]) * meta["scale"]
         ok &= decisions.agree(cal.samples[fv][pick], got, meta)
     return 100.0 * ok.mean()

@@ -94,7 +94,19 @@ def error_bound(g: Graph, info) -> Graph:
             E[y] = 0.5 + 0.5 * np.ldexp(1.0, -np.array(a["shift"], dtype=np.int64)).astype(float)
             continue
         if op.kind == "reshape":
-            E[y] = E[x]
+            E[y] = E.get(x, 0.0)
+            continue
+        if op.kind in ("compare", "not", "and", "or", "cast"):
+            # integers and bools: exact from their operands (a comparison
+            # with a real threshold flips only where its operand is within
+            # that operand's own bound of it)
+            E[y] = np.zeros(n)
+            continue
+        if op.kind in ("where", "max", "min"):
+            # a selection: one operand's error, or a rounded constant's half step
+            vals = op.inputs[1:] if op.kind == "where" else op.inputs
+            E[y] = np.full(n, max(float(np.max(E[v])) if v in E else
+                                  (0.5 * scale_of(y) if v.is_const else 0.0) for v in vals))
             continue
         xl, xh = iv[x]
         sx, zx = (scale_of(x), zp_of(x))
@@ -127,6 +139,13 @@ def error_bound(g: Graph, info) -> Graph:
             if a["mode"] == "clamp":
                 req = 0.5 * sx           # Clip's bounds are rounded to its input's steps
                 E[y] = ex + req
+            elif a["mode"] in ("neg", "abs"):
+                req = scale_of(y) * float(_requant_error(dev, a["mult"], a["shift"],
+                                                         a["scale"]).max())
+                E[y] = ex + req
+            elif a["mode"] == "round":   # a step of 1 when the error crosses an integer
+                req = 1.0
+                E[y] = ex + req
             elif a["mode"] == "leaky":
                 req = sx * float(_requant_error(dev, a["mult"], a["shift"], a["scale"]).max())
                 E[y] = max(1.0, a["scale"]) * ex + req
@@ -149,6 +168,8 @@ def error_bound(g: Graph, info) -> Graph:
         info.layer_bounds.append((y, layer, float(np.max(req)), float(E[y].max())))
     for v in g.outputs:
         o = info.outputs[v.name]
+        if o.get("integer"):
+            continue
         if o.get("index"):
             info.output_bounds[v.name] = {"gap": 2.0 * float(E[v].max())}
         else:
@@ -158,13 +179,14 @@ def error_bound(g: Graph, info) -> Graph:
 
 def requant_warnings(info, min_sqnr_db: float) -> list[str]:
     """Layers whose own requantization error bound, against the half-width
-    of their int16 range, exceeds the noise that ``kmlc verify``'s SQNR
-    threshold allows: said at compile time."""
+    of their calibrated range (of their int16 range where the encoding is
+    not calibrated: a table's output), exceeds the noise that ``kmlc
+    verify``'s SQNR threshold allows: said at compile time."""
     out = []
     limit = 10 ** (-min_sqnr_db / 20)
     for v, layer, req, _ in info.layer_bounds:
         q = info.params[v]
-        half = q.scale * (q.hi - q.lo) / 2
+        half = q.span / 2 if q.span else q.scale * (q.hi - q.lo) / 2
         if half > 0 and req > limit * half:
             out.append(f"node {layer}: its requantization may be off by up to {req:.3g} "
                        f"({100 * req / half:.1f}% of its range), more than the "

@@ -22,7 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KmlcError
-from ..ir import F32, I16, I32, U8, U32, Graph, Value, c_identifier, fresh_namer
+from ..ir import BOOL, DTYPES, F32, I16, I32, I64, U8, U32, DType, Graph, Value, c_identifier, \
+    fresh_namer
+from ..ops import ELEMENTWISE
 from ..schedule import Buffer, Kernel, Port, Program
 
 C_RESERVED = {
@@ -94,6 +96,81 @@ QDENSE_TILE = 4
 PAIR_TILE = 8
 
 
+# Elementwise ops as C: {a}, {b}, {c} stand for the operands' elements.
+# Helpers are kml_elem.h's (integers, both translation units) and
+# kml_math.h's (floats); ops.py's evaluators compute the same results.
+_CMP_C = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
+_SUFFIX = {F32: "f", I16: "_s32", I32: "_s32", I64: "_s64"}
+ELEMENTWISE_DOC = {"compare": "a comparison, 1 or 0", "where": "a ? b : c",
+                   "round": "round half to even", "cast": "a conversion (docs/numerics.md)"}
+
+
+def elementwise_expr(op, out: DType) -> str:
+    """The C expression of elementwise ``op`` whose result is stored into
+    an array of ``out`` (the op's own type, or the output carrier)."""
+    k = op.kind
+    d = op.inputs[0].type.dtype
+    if k in ("add", "sub", "mul", "div"):
+        return "{a} %s {b}" % {"add": "+", "sub": "-", "mul": "*", "div": "/"}[k]
+    if k == "compare":
+        return "{a} %s {b}" % _CMP_C[op.attrs["cmp"]]
+    if k == "where":
+        return "{a} ? {b} : {c}"
+    if k in ("not", "and", "or"):
+        return {"not": "!{a}", "and": "{a} && {b}", "or": "{a} || {b}"}[k]
+    if k in ("floor", "ceil", "round"):
+        return f"kml_{k}f({{a}})"
+    if k in ("max", "min"):
+        return f"kml_{k}{_SUFFIX[d]}({{a}}, {{b}})"
+    if k == "abs":
+        return f"kml_abs{_SUFFIX[d]}({{a}})"
+    if k == "neg":
+        return "-{a}" if d == F32 else f"kml_neg{_SUFFIX[d]}({{a}})"
+    if k == "cast":
+        to = DTYPES[op.attrs["to"]]
+        if to == BOOL:
+            return "{a} != 0" if d != F32 else "{a} != 0.0f"
+        if d == F32:
+            return f"kml_f32_to{_SUFFIX[to]}({{a}})"
+        return f"({to.ctype}){{a}}"
+    raise AssertionError(k)
+
+
+def carrier(v: Value) -> DType:
+    """The element type of ``in``/``out`` that holds graph value ``v``:
+    its own, but int16 (a fixed-point activation) travels as s32."""
+    return I32 if v.type.dtype == I16 else v.type.dtype
+
+
+def io_types(g: Graph, numerics: str) -> tuple[DType, DType]:
+    """The element types of the entry point's ``in`` and ``out`` arrays.
+    All inputs share one type.  Outputs do too, but class indices and
+    bools, small exact integers, may join float (or fixed-point) outputs,
+    written as their values."""
+    kinds = {carrier(v) for v in g.inputs}
+    if len(kinds) > 1:
+        names = ", ".join(f"'{g.source_name(v)}' ({v.type.dtype})" for v in g.inputs)
+        raise KmlcError(f"inputs {names} differ in element type; a kmlc model takes all its "
+                        "inputs in one array of one type (Cast them to one type in the model)")
+    outs = {carrier(v) for v in g.outputs}
+    if len(outs) == 1:
+        return kinds.pop(), outs.pop()
+    producers = g.producers()
+
+    def small(v):       # an ArgMax index or a bool: exact in float and in s32
+        while v in producers and producers[v].kind == "reshape":
+            v = producers[v].inputs[0]
+        return v.type.dtype == BOOL or (v in producers and producers[v].kind == "argmax")
+    base = F32 if numerics == "float" else I32
+    big = [v for v in g.outputs if carrier(v) != base and not small(v)]
+    if big:
+        names = ", ".join(f"'{g.source_name(v)}' ({v.type.dtype})" for v in g.outputs)
+        raise KmlcError(f"outputs {names} mix element types; a kmlc model writes all its "
+                        "outputs to one array, which may hold class indices and bools beside "
+                        f"{base} values but not other integers (Cast them to one type)")
+    return kinds.pop(), base
+
+
 def rq_words(mult, shift) -> list[int]:
     """Per channel, the requantization word mult << 6 | shift that
     kml_rq_mult and kml_rq_shift take apart (mult < 2^26, shift < 64)."""
@@ -105,7 +182,7 @@ class _Lowering:
     def __init__(self, g: Graph, numerics: str):
         self.g = g
         self.numerics = numerics
-        self.io = F32 if numerics == "float" else I32  # element type of in[] and out[]
+        self.io_in, self.io_out = io_types(g, numerics)  # element types of in[] and out[]
         self.cname = fresh_namer(taken=C_RESERVED)
         self.buf: dict[Value, Buffer] = {}
         self.consts: dict[tuple, Buffer] = {}
@@ -161,7 +238,7 @@ class _Lowering:
 
     def operand(self, v: Value, role: str) -> Buffer:
         if v.is_const:
-            return self.const(v, role, dtype=F32 if self.numerics == "float" else None)
+            return self.const(v, role)
         return self.buf[v]
 
     def result(self, v: Value, outputs: dict[Value, Buffer]) -> Buffer:
@@ -255,14 +332,16 @@ class _Lowering:
             params["requant"] = "relu"
         self.kernel("qdense", op, ops, n=n, k=k, tiles=tiling, **params)
 
-    def binary(self, op, y):
-        a, b = op.inputs
+    def ewise(self, op, y):
+        """An elementwise op: one loop nest over the result, each operand
+        read through its broadcast strides, one C expression per element."""
         shape = op.output.type.shape
-        dims = coalesce(shape, broadcast_strides(a.type.shape, shape),
-                        broadcast_strides(b.type.shape, shape), contiguous_strides(shape))
-        sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op.kind]
-        self.kernel("binary", op, {"a": self.operand(a, "a"), "b": self.operand(b, "b"), "y": y},
-                    sym=sym, dims=dims)
+        roles = "abc"[:len(op.inputs)]
+        dims = coalesce(shape, *(broadcast_strides(v.type.shape, shape) for v in op.inputs),
+                        contiguous_strides(shape))
+        ops = {r: self.operand(v, r) for r, v in zip(roles, op.inputs)}
+        self.kernel("ewise", op, {**ops, "y": y}, dims=dims,
+                    expr=elementwise_expr(op, y.dtype), what=ELEMENTWISE_DOC.get(op.kind, ""))
 
     def axis_split(self, shape, axis):
         axis %= len(shape)
@@ -280,7 +359,7 @@ class _Lowering:
 
         inputs, off = [], 0
         for v in g.inputs:
-            b = Buffer(self.cname(v.name), self.io, v.type.numel, "input", offset=off,
+            b = Buffer(self.cname(v.name), self.io_in, v.type.numel, "input", offset=off,
                        value=v.name)
             self.buf[v] = b
             inputs.append(Port(g.source_name(v), v.type, b))
@@ -289,7 +368,7 @@ class _Lowering:
         outputs, direct, copies, off = [], {}, [], 0
         for v in g.outputs:
             r = root(v)
-            b = Buffer(self.cname(f"out_{v.name}"), self.io, v.type.numel, "output", offset=off,
+            b = Buffer(self.cname(f"out_{v.name}"), self.io_out, v.type.numel, "output", offset=off,
                        value=v.name)
             if r in g.inputs or r.is_const or r in direct:
                 copies.append((r, b))
@@ -307,8 +386,8 @@ class _Lowering:
             x = op.inputs[0]
             if op.kind in ("dense", "gemm", "matmul"):
                 self.matmul(op, y)
-            elif op.kind in ("add", "sub", "mul", "div"):
-                self.binary(op, y)
+            elif op.kind in ("add", "sub", "mul", "div") or op.kind in ELEMENTWISE:
+                self.ewise(op, y)
             elif op.kind in ("relu", "leaky_relu", "sigmoid", "tanh", "clip"):
                 self.kernel("map", op, {"x": self.operand(x, "x"), "y": y}, n=x.type.numel,
                             act=op.kind, act_params=dict(op.attrs))
@@ -324,7 +403,7 @@ class _Lowering:
                 self.kernel("qinput", op, {
                     "x": self.operand(x, "x"), "center": self.array("center", a["center"], I32),
                     "shift": self.array("shift", a["shift"], U8), "y": y},
-                    n=x.type.numel)
+                    n=x.type.numel, saturate=bool(a.get("saturate")))
             elif op.kind == "qdense":
                 self.qdense(op, y)
             elif op.kind == "qact":
@@ -336,10 +415,11 @@ class _Lowering:
                                 "its inputs are constants")
 
         for r, b in copies:
-            src = self.const(r, "x", dtype=self.io) if r.is_const else self.buf[r]
+            src = self.const(r, "x", dtype=self.io_out) if r.is_const else self.buf[r]
             self.kernels.append(Kernel("copy", self.cname(f"k{len(self.kernels)}_copy_{b.value}"),
                                        {"x": src, "y": b}, {"n": b.numel}, ("output copy",)))
-        return Program(g.name, self.numerics, inputs, outputs, self.kernels)
+        return Program(g.name, self.numerics, inputs, outputs, self.kernels, in_dtype=self.io_in,
+                       out_dtype=self.io_out)
 
 
 def lower(g: Graph, numerics: str = "float") -> Program:

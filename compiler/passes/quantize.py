@@ -10,7 +10,7 @@ Guarantees about the graph it returns (docs/numerics.md, "Fixed point"):
     the step at least 2), and the first dense layer takes values beyond
     int16 on an exact int64 path (passes/bound_ranges.py proves both);
   * every activation is int16 with a per-tensor scale and zero point chosen
-    from its calibrated range widened by ``margin`` on each side (values
+    from its calibrated range scaled by ``headroom`` around zero (values
     beyond saturate); sigmoid and tanh outputs are Q0.15;
   * dense weights are symmetric per output channel, int8 or int16 as
     ``weight_bits`` says (one width, or one per layer from
@@ -31,10 +31,18 @@ import numpy as np
 
 from ..calibrate import Calibration
 from ..errors import KmlcError
-from ..ir import I8, I16, I32, I64, Graph, Op, TensorType, Value, const, fresh_namer
+from ..ir import BOOL, DTYPES, F32, I8, I16, I32, I64, Graph, Op, TensorType, Value, const, \
+    fresh_namer
 from ..qmath import LUT_FUNCS, round_shift
 
-MARGIN = 0.25
+# Every activation's int16 encoding spans HEADROOM times its calibrated
+# range around zero, so that inputs up to 10x beyond calibration move the
+# hidden layers without saturating them (the decisions of Heimdall's
+# published networks on such rows: tests/e2e/test_heimdall_published.py).
+# The cost is a step 10x coarser, 20 dB of activation noise that stays far
+# below the weights' (int8 weights give 44-50 dB; the seed models' layer
+# SQNRs and decisions are unchanged, docs/numerics.md).
+HEADROOM = 10.0
 # A bias takes at most 2^BIAS_BITS accumulator steps: past that the weight
 # step of its channel grows (the weights' share is negligible beside the
 # bias), so that requantization keeps at least 63 - 42 = 21 multiplier bits.
@@ -42,16 +50,38 @@ MARGIN = 0.25
 BIAS_BITS = 40
 ZERO_COLUMN_BITS = 30
 SUPPORTED_FIXED = ("dense (MatMul/Gemm + bias)", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh",
-                   "Softmax", "ArgMax", "Reshape/Flatten/Identity")
+                   "Floor/Ceil/Round", "Abs/Neg",
+                   "Softmax", "ArgMax", "Reshape/Flatten/Identity", "comparisons with a constant",
+                   "Not/And/Or", "Where", "Max/Min of values on one scale", "Cast of integers "
+                   "and bools, and of an integer input to float")
+
+
+def same_scale(*qs) -> bool:
+    """Operands one integer op may combine: all exact, or all on one scale
+    and zero point."""
+    if all(q is EXACT for q in qs):
+        return True
+    return all(isinstance(q, QParams) for q in qs) and len({(q.scale, q.zp) for q in qs}) == 1
+
+
+class Exact:
+    """The marker of a value that fixed point holds as it is: an integer
+    or bool graph input, or an integer op's result (no scale, no rounding)."""
+
+
+EXACT = Exact()
 
 
 @dataclass
 class QParams:
-    """real = scale * (q - zp); q is proven to lie in [lo, hi]."""
+    """real = scale * (q - zp); q is proven to lie in [lo, hi].  ``span``:
+    the calibrated values' span (around zero), which the encoding spans
+    ``headroom`` times; 0 where the encoding is not from calibration."""
     scale: float
     zp: int
     lo: int = -32768
     hi: int = 32767
+    span: float = 0.0
 
 
 @dataclass
@@ -65,7 +95,7 @@ class FirstLayer:
 class QuantOptions:
     weight_bits: str | dict = "auto"           # auto | 8 | 16 | {node: 8 or 16}
     input_frac_bits: list[int] | None = None   # per input element, or one for all
-    margin: float = MARGIN
+    headroom: float = HEADROOM
     input_margin: float = 0.0                  # inputs' range widened by this, each side
 
 
@@ -128,17 +158,20 @@ def widen(lo, hi, margin: float):
             np.where(hi <= 0, np.minimum(hi + pad, 0), hi + pad))
 
 
-def encode_input(lo, hi, frac_bits):
+def encode_input(lo, hi, frac_bits, min_shift: int = 1):
     """Per element: centre and shift (qinput's attributes), so that the
     calibrated range [lo, hi] maps into int16 around 0.  The shift is at
-    least 1, so that round_shift(x - centre, shift) of every int32 x fits
-    int32 (|x - centre| < 2^32), exactly, with no clamp."""
+    least ``min_shift``: 1 for encoded float features, so that
+    round_shift(x - centre, shift) of every int32 x fits int32 (|x - centre|
+    < 2^32), exactly, with no clamp; 0 for integer features, whose unit
+    steps stay exact (and whose x - centre saturates to int32, 2^31 away
+    from the calibrated range)."""
     scale = np.ldexp(1.0, np.array(frac_bits))
     qlo = np.clip(np.floor(lo * scale), -2**31, 2**31 - 1).astype(np.int64)
     qhi = np.clip(np.ceil(hi * scale), -2**31, 2**31 - 1).astype(np.int64)
     centre = (qlo + qhi) // 2
     half = np.maximum(qhi - centre, centre - qlo)
-    shift = np.ones_like(half)
+    shift = np.full_like(half, min_shift)
     for i, h in enumerate(half):
         while int(round_shift(h, int(shift[i]))) > 32767:
             shift[i] += 1
@@ -219,15 +252,16 @@ def clip_bounds(q: QParams, mn: float, mx: float) -> tuple[int, int]:
     return min(at(mn), hi), hi
 
 
-def activation_params(lo: float, hi: float, margin: float) -> QParams:
-    lo, hi = min(lo, 0.0), max(hi, 0.0)
-    pad = margin * (hi - lo)
-    lo, hi = (lo - pad if lo < 0 else 0.0), hi + pad
+def activation_params(lo: float, hi: float, headroom: float) -> QParams:
+    """int16 scale and zero point for values calibrated in [lo, hi]: the
+    encoding spans [headroom * min(lo, 0), headroom * max(hi, 0)]."""
+    span = max(hi, 0.0) - min(lo, 0.0)
+    lo, hi = headroom * min(lo, 0.0), headroom * max(hi, 0.0)
     if hi - lo <= 0:
         hi = lo + 1.0
     scale = (hi - lo) / 65535
     zp = int(np.clip(round(-32768 - lo / scale), -32768, 32767))
-    return QParams(scale, zp)
+    return QParams(scale, zp, span=span)
 
 
 class _Quantizer:
@@ -252,11 +286,148 @@ class _Quantizer:
         xq, q = self.env[v]
         if isinstance(q, FirstLayer):
             _fail(op, f"{op.kind} on a graph input (inputs must feed a dense layer)")
+        if q is EXACT:
+            _fail(op, f"{op.kind} on integers (Cast them to float first)")
         return xq, q
+
+    # -- decision ops -------------------------------------------------------------------
+
+    def operand(self, op: Op, v: Value, like: QParams | None = None):
+        """``v`` as fixed point computes it: (integer value, QParams or
+        EXACT).  A float constant takes the scale and zero point ``like``
+        (the op's runtime operand's), and is rounded to its grid."""
+        if v.is_const:
+            if v.type.dtype != F32:
+                return v, EXACT
+            if like is None:
+                _fail(op, "an op on float constants only")
+            q = np.clip(np.round(v.data.astype(np.float64) / like.scale) + like.zp,
+                        -32768, 32767).astype(np.int16)
+            return const(self.fresh(f"{v.name}_q"), q), like
+        return self.per_tensor(op, v) if self.env[v][1] is not EXACT else self.env[v]
+
+    def runtime_q(self, op: Op) -> QParams | None:
+        qs = [self.env[v][1] for v in op.inputs if not v.is_const and v in self.env]
+        return next((q for q in qs if isinstance(q, QParams)), None)
+
+    def real_operand(self, op: Op, v: Value) -> tuple[Value, float, int] | None:
+        """A runtime float operand as integers q with real value (q - zp) *
+        scale: an activation, or an integer input cast to float (the raw
+        integers, scale 1), or None for anything else."""
+        if v.is_const:
+            return None
+        if v in self.int_source:
+            return self.int_source[v], 1.0, 0
+        xq, q = self.env[v]
+        return (xq, q.scale, q.zp) if isinstance(q, QParams) else None
+
+    def compare(self, op: Op) -> None:
+        """Exact against the real threshold: real(x) = (q - zp) * scale, so
+        x >= t is q >= ceil(zp + t / scale), computed in rationals."""
+        from fractions import Fraction
+
+        a, b = op.inputs
+        cmp = op.attrs["cmp"]
+        if (a.is_const or b.is_const) and a.type.dtype == F32:
+            x, t = (b, a) if a.is_const else (a, b)
+            if a.is_const:                     # t OP x is x (mirrored OP) t
+                cmp = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge", "eq": "eq"}[cmp]
+            real = self.real_operand(op, x)
+            if real is None:
+                _fail(op, "a comparison of a float graph input (inputs must feed a dense "
+                      "layer) or of two constants")
+            xq, scale, zp = real
+            thr = []
+            for tv in t.data.reshape(-1).astype(np.float64):
+                r = Fraction(zp) + Fraction(float(tv)) / Fraction(scale)
+                fl, ce = r.numerator // r.denominator, -((-r.numerator) // r.denominator)
+                thr.append({"ge": ce, "lt": ce, "gt": fl, "le": fl}.get(cmp, fl if fl == ce
+                                                                          else 2**40))
+            tc = const(self.fresh(f"{t.name}_thr"), np.array(thr, np.int64).reshape(t.type.shape))
+            self.emit("compare", [xq, tc], {"cmp": cmp}, op.origin, op.output, EXACT,
+                      dtype=BOOL)
+            return
+        (aq, qa), (bq, qb) = self.operand(op, a), self.operand(op, b)
+        if not same_scale(qa, qb):
+            _fail(op, "a comparison of two values on different scales")
+        self.emit("compare", [aq, bq], {"cmp": cmp}, op.origin, op.output, EXACT, dtype=BOOL)
+
+    def select(self, op: Op) -> None:
+        """Where, Max, Min: the result keeps its operands' scale (a float
+        constant is rounded to it); values on two scales are refused."""
+        vals = op.inputs[1:] if op.kind == "where" else op.inputs
+        like = self.runtime_q(op)
+        if like is None and any(v.is_const and v.type.dtype == F32 for v in vals):
+            like = activation_params(*self.cal.range(op.output), self.opts.headroom)
+        got = [self.operand(op, v, like) for v in vals]
+        if not same_scale(*(q for _, q in got)):
+            _fail(op, f"{op.kind} of values on different scales")
+        q = got[0][1]
+        if q is not EXACT:               # the hull of the operands' proven ranges
+            q = QParams(q.scale, q.zp, min(g.lo for _, g in got), max(g.hi for _, g in got))
+        ins = ([self.operand(op, op.inputs[0])[0]] if op.kind == "where" else []) + \
+            [v for v, _ in got]
+        dtype = ins[-1].type.dtype if q is EXACT else I16
+        ins = [v if v.type.dtype == dtype or v.type.dtype == BOOL else
+               const(self.fresh(v.name), v.data.astype(dtype.np)) for v in ins]
+        self.emit(op.kind, ins, {}, op.origin, op.output, q, dtype=dtype)
+
+    def rounding(self, op: Op) -> None:
+        """Floor, Ceil, Round: the integer k the real value (q - zp) * scale
+        rounds to, computed exactly from (q - zp) * M / 2^S with M / 2^S the
+        scale to 31 bits, held on a grid of 1 (k + zp_out) when every k the
+        input's int16 range gives fits int16."""
+        from ..qmath import round_q
+
+        xq, qx = self.per_tensor(op, op.inputs[0])
+        shift = int(30 - np.floor(np.log2(qx.scale)))
+        if not 1 <= shift <= 60:
+            _fail(op, f"{op.kind} of values of scale {qx.scale:.3g}")
+        mult = int(round(qx.scale * 2.0 ** shift))
+        ks = round_q(np.array([qx.lo - qx.zp, qx.hi - qx.zp]) * mult, shift, op.kind)
+        lo, hi = int(ks.min()), int(ks.max())
+        if hi - lo > 65535:
+            _fail(op, f"{op.kind} of values reaching {lo}..{hi}, beyond what int16 holds")
+        zp_out = 0 if -32768 <= lo and hi <= 32767 else -32768 - lo
+        attrs = {"mode": "round", "fn": op.kind, "zp": qx.zp, "zp_out": zp_out, "mult": mult,
+                 "shift": shift, "lo": lo + zp_out, "hi": hi + zp_out}
+        self.emit("qact", [xq], attrs, op.origin, op.output,
+                  QParams(1.0, zp_out, lo + zp_out, hi + zp_out))
+
+    def cast(self, op: Op) -> None:
+        x, to = op.inputs[0], op.attrs["to"]
+        xq, q = self.env[x]
+        if isinstance(q, FirstLayer):
+            _fail(op, "a Cast of a float graph input (inputs must feed a dense layer)")
+        if xq.type.dtype != I16:           # integers, bools, class indices: exact
+            q = EXACT
+        if q is EXACT and to != "f32":
+            self.emit("cast", [xq], {"to": to}, op.origin, op.output, EXACT, dtype=DTYPES[to])
+        elif q is EXACT and xq in self.graph_inputs and xq.type.dtype in (I32, I64):
+            self.first_layer(op.output, xq, [0] * x.type.numel, op.origin, integer=True)
+            self.int_source[op.output] = xq     # comparisons use the raw integers
+        elif q is EXACT:                   # bools and small integers: exact in int16
+            lo, hi = self.cal.range(op.output)
+            if xq.type.dtype != BOOL and not (-32768 <= lo and hi <= 32767):
+                _fail(op, "a Cast to float of integers beyond int16")
+            self.emit("cast", [xq], {"to": "i16"}, op.origin, op.output, QParams(1.0, 0))
+        elif to == "bool":                  # real != 0 is q != zp
+            zp = const(self.fresh(f"{x.name}_zp"), np.array(q.zp, np.int16))
+            self.emit("compare", [xq, zp], {"cmp": "ne"}, op.origin, op.output, EXACT,
+                      dtype=BOOL)
+        else:
+            _fail(op, f"a Cast of a fixed-point value to {to} (its real value is approximate)")
 
     # -- inputs ---------------------------------------------------------------------
 
     def input(self, v: Value) -> None:
+        if v.type.dtype != F32:     # integer features: taken as they are
+            iv = Value(self.fresh(f"{v.name}_{v.type.dtype}"), v.type)
+            self.env[v] = (iv, EXACT)
+            self.info.inputs[iv.name] = {"frac_bits": [0] * v.type.numel,
+                                         "onnx_dtype": v.type.dtype.name}
+            self.info.float_of[iv] = v
+            return iv
         lo, hi = widen(*self.cal.input_range(v), self.opts.input_margin)
         fb = self.opts.input_frac_bits
         if fb is None:
@@ -266,15 +437,24 @@ class _Quantizer:
             if len(frac) != v.type.numel or not all(0 <= f <= 30 for f in frac):
                 raise KmlcError(f"--input-frac-bits needs one value or {v.type.numel} values "
                                 "in 0..30")
-        centre, shift = encode_input(lo, hi, frac)
         iv = Value(self.fresh(f"{v.name}_i32"), TensorType(I32, v.type.shape))
-        step = np.ldexp(1.0, shift - np.array(frac))
-        attrs = {"center": centre.tolist(), "shift": shift.tolist()}
-        self.emit("qinput", [iv], attrs, (f"input {self.g.source_name(v)}",), v,
-                  FirstLayer(step, centre * np.ldexp(1.0, -np.array(frac))), dtype=I32)
+        self.first_layer(v, iv, frac, (f"input {self.g.source_name(v)}",))
         self.info.inputs[iv.name] = {"frac_bits": [int(f) for f in frac]}
         self.info.float_of[iv] = v
         return iv
+
+    def first_layer(self, v: Value, iv: Value, frac, origin, integer: bool = False) -> None:
+        """Float features ``v``, held as integers ``iv`` = v * 2^frac (an
+        encoded input, or an integer input cast to float: frac 0), centred
+        and scaled by a qinput for the first dense layer."""
+        lo, hi = widen(*self.cal.input_range(v), self.opts.input_margin)
+        centre, shift = encode_input(lo, hi, frac, min_shift=0 if integer else 1)
+        step = np.ldexp(1.0, shift - np.array(frac))
+        attrs = {"center": centre.tolist(), "shift": shift.tolist()}
+        if integer:
+            attrs["saturate"] = True
+        self.emit("qinput", [iv], attrs, origin, v,
+                  FirstLayer(step, centre * np.ldexp(1.0, -np.array(frac))), dtype=I32)
 
     # -- ops --------------------------------------------------------------------------
 
@@ -308,13 +488,13 @@ class _Quantizer:
             attrs = {"mode": "lut", "fn": act, "scale": (sa * 2.0 ** LUT_FUNCS[act]).tolist()}
             q = QParams(2.0 ** -15, 0, 0 if act == "sigmoid" else -32767, 32767)
         else:
-            q = activation_params(*self.cal.range(op.output), self.opts.margin)
+            q = activation_params(*self.cal.range(op.output), self.opts.headroom)
             lo, hi = -32768, 32767
             if act == "relu" or (act == "leaky_relu" and params["alpha"] == 0):
                 lo = q.zp
             elif act == "clip":
                 lo, hi = clip_bounds(q, params["min"], params["max"])
-            q = QParams(q.scale, q.zp, lo, hi)
+            q = QParams(q.scale, q.zp, lo, hi, q.span)
             attrs = {"mode": "clamp", "scale": (sa / q.scale).tolist(), "zp": q.zp,
                      "lo": q.lo, "hi": q.hi}
             if act == "leaky_relu" and params["alpha"] != 0:
@@ -392,7 +572,9 @@ class _Quantizer:
     def run(self) -> tuple[Graph, QuantInfo]:
         g = self.g
         self.info.input_margin = self.opts.input_margin
+        self.int_source: dict[Value, Value] = {}
         inputs = [self.input(v) for v in g.inputs]
+        self.graph_inputs = set(inputs)
         for op in g.ops:
             if op.kind == "dense":
                 self.dense(op)
@@ -407,6 +589,22 @@ class _Quantizer:
                 xq, _ = self.per_tensor(op, op.inputs[0])
                 self.emit("argmax", [xq], dict(op.attrs), op.origin, op.output,
                           QParams(1.0, 0), dtype=I64)
+            elif op.kind == "compare":
+                self.compare(op)
+            elif op.kind in ("where", "max", "min"):
+                self.select(op)
+            elif op.kind == "cast":
+                self.cast(op)
+            elif op.kind in ("neg", "abs"):
+                xq, qx = self.per_tensor(op, op.inputs[0])
+                q = activation_params(*self.cal.range(op.output), self.opts.headroom)
+                self.emit("qact", [xq], {"mode": op.kind, "zp": qx.zp, "zp_out": q.zp,
+                                         "scale": qx.scale / q.scale}, op.origin, op.output, q)
+            elif op.kind in ("floor", "ceil", "round"):
+                self.rounding(op)
+            elif op.kind in ("not", "and", "or"):
+                self.emit(op.kind, [self.env[v][0] for v in op.inputs], {}, op.origin, op.output,
+                          EXACT, dtype=BOOL)
             elif op.kind == "reshape":
                 xq, q = self.env[op.inputs[0]]
                 self.emit("reshape", [xq], dict(op.attrs), op.origin, op.output, q,
@@ -422,7 +620,9 @@ class _Quantizer:
             if isinstance(q, FirstLayer):
                 raise KmlcError(f"output '{g.source_name(v)}' is a graph input")
             outputs.append(ov)
-            if ov.type.dtype == I64:
+            if q is EXACT:
+                self.info.outputs[ov.name] = {"integer": True}
+            elif ov.type.dtype == I64:
                 src = next(op for op in self.ops if ov in op.outputs)
                 while src.kind == "reshape":
                     src = next(op for op in self.ops if src.inputs[0] in op.outputs)

@@ -62,7 +62,10 @@ def build_twin(userdir: Path, name: str, *, cc: str | None = None, extra=(),
     return so
 
 
-SIZE_KEYS = ("in_elems", "out_elems", "workspace_bytes", "fixed")
+SIZE_KEYS = ("in_elems", "out_elems", "workspace_bytes", "fixed", "in_dtype", "out_dtype")
+# Element types of in[] and out[] (kmlc.json's in_dtype, out_dtype), and
+# the bytes the twin library says one element has.
+IO_DTYPES = {"f32": np.float32, "i32": np.int32, "i64": np.int64, "bool": np.bool_}
 
 
 def read_manifest(outdir: Path) -> dict:
@@ -111,7 +114,7 @@ class Twin:
             shutil.copyfile(so, tmp)
             self.lib = ctypes.CDLL(tmp)
             self._batch = getattr(self.lib, f"kml_{self.name}_infer_batch")
-            sizes = list((ctypes.c_ulong * 4).in_dll(self.lib, "kml_twin_sizes"))
+            sizes = list((ctypes.c_ulong * 6).in_dll(self.lib, "kml_twin_sizes"))
         except (OSError, AttributeError, ValueError) as e:
             why = " ".join(str(e).replace(tmp, so.name).split())
             raise KmlcError(f"not a twin library kmlc can load ({why}); "
@@ -119,10 +122,16 @@ class Twin:
         finally:
             os.unlink(tmp)
         # Buffer sizes come from the library itself; kmlc.json must agree.
+        self.in_dtype, self.out_dtype = (np.dtype(IO_DTYPES.get(self.meta.get(k), np.void))
+                                         for k in ("in_dtype", "out_dtype"))
         said = [self.meta["in_elems"], self.meta["out_elems"], self.meta["workspace_bytes"],
-                int(bool(self.meta.get("fixed")))]
+                int(bool(self.meta.get("fixed"))), self.in_dtype.itemsize,
+                self.out_dtype.itemsize]
         for key, lib_value, json_value in zip(SIZE_KEYS, sizes, said):
             if lib_value != json_value:
+                if key.endswith("dtype"):
+                    key, json_value = key, self.meta.get(key)
+                    lib_value = f"{lib_value}-byte elements"
                 raise KmlcError(f"kmlc.json says {key} = {json_value} but the twin library was "
                                 f"compiled with {lib_value}; recompile rather than edit",
                                 where=str(outdir / "kmlc.json"))
@@ -148,12 +157,20 @@ class Twin:
         """The fixed-point interface (kmlc.json), or None for a float model."""
         return self.meta.get("fixed")
 
+    @property
+    def integer_inputs(self) -> bool:
+        """True when the model's inputs are integers (or bools), taken as
+        they are in both numerics."""
+        return self.meta["inputs"][0].get("onnx_dtype", "f32") != "f32"
+
     def encode(self, x) -> np.ndarray:
-        """Float feature rows as the model's raw input: unchanged float32 for
-        a float model; for a fixed model in[i] = round(x_i * 2^F_i), ties away
-        from zero, saturated to int32 (the module then clamps to the
-        calibrated range itself)."""
+        """Feature rows as the model's raw input: integer features as they
+        are (refused if not integers of the input's type); float features
+        unchanged as float32 for a float model, and for a fixed model in[i]
+        = round(x_i * 2^F_i), ties away from zero, saturated to int32."""
         x = self._rows(x)
+        if self.integer_inputs:
+            return self._integers(x)
         if not self.fixed:
             return x.astype(np.float32)
         bad = ~np.isfinite(x.astype(np.float64))
@@ -163,16 +180,32 @@ class Twin:
                             "takes finite values only")
         return encode_rows(x, self.fixed["frac_bits"])
 
+    def _integers(self, x: np.ndarray) -> np.ndarray:
+        dt = self.in_dtype
+        if x.dtype.kind in "iub":
+            info = np.iinfo(dt) if dt != np.bool_ else None
+            if info is not None and x.size and (x.min() < info.min or x.max() > info.max):
+                raise KmlcError(f"input values reach {x.min()}..{x.max()}, beyond {dt}")
+            return x.astype(dt)
+        bad = ~(np.isfinite(x) & (x == np.round(x)))
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise KmlcError(f"input row {r} holds {x[r, c]} (column {c}); the model takes "
+                            f"{self.meta['inputs'][0]['onnx_dtype']} inputs")
+        return self._integers(x.astype(np.int64))
+
     def decode(self, q: np.ndarray) -> np.ndarray:
-        """Raw outputs as float32 rows: real = (q - zero_point) * scale per
-        output; class indices as exact floats."""
-        if not self.fixed:
+        """Raw outputs as rows: integer (int32, int64, bool) outputs as they
+        are; float outputs as float32, for a fixed model real = (q -
+        zero_point) * scale per output; class indices and bools beside float
+        outputs as exact floats (``run_named`` gives each its own type)."""
+        if self.out_dtype != np.int32 or not self.fixed:
             return q
         y = np.empty(q.shape, dtype=np.float64)
         off = 0
         for o, port in zip(self.fixed["outputs"], self.meta["outputs"]):
             sl = slice(off, off + port["elems"])
-            y[:, sl] = q[:, sl] if o.get("index") else (q[:, sl] - o["zp"]) * o["scale"]
+            y[:, sl] = q[:, sl] if "scale" not in o else (q[:, sl] - o["zp"]) * o["scale"]
             off += port["elems"]
         return y.astype(np.float32)
 
@@ -184,10 +217,9 @@ class Twin:
         return x
 
     def run_raw(self, x) -> np.ndarray:
-        """The C entry point on raw rows (float32, or int32 for fixed)."""
-        dtype = np.int32 if self.fixed else np.float32
-        x = np.ascontiguousarray(self._rows(x), dtype=dtype)
-        y = np.empty((x.shape[0], self.out_elems), dtype=dtype)
+        """The C entry point on raw rows (of the in[] and out[] types)."""
+        x = np.ascontiguousarray(self._rows(x), dtype=self.in_dtype)
+        y = np.empty((x.shape[0], self.out_elems), dtype=self.out_dtype)
         ret = self._batch(x.ctypes.data, y.ctypes.data, x.shape[0], self._workspace.ctypes.data)
         if ret:
             raise KmlcError(f"kml_{self.name}_infer returned {ret}")
@@ -265,10 +297,24 @@ class Twin:
             raise KmlcError(f"{self.name} was compiled without --hooks")
 
     def run(self, x) -> np.ndarray:
-        """Float rows in, float rows out, through exactly the module's path."""
+        """Feature rows in, output rows out, through exactly the module's
+        path (see ``decode`` for the outputs' type)."""
         x = np.asarray(x)
         if x.ndim == 1:
             return self.run(x[None, :])[0]
         return self.decode(self.run_raw(self.encode(x)))
+
+    def run_named(self, x) -> dict[str, np.ndarray]:
+        """Each output by name, in its ONNX type and shape (a leading
+        dimension of rows): float32, int32, int64 or bool."""
+        x = np.asarray(x)
+        y = self.run(x[None, :] if x.ndim == 1 else x)
+        out = {}
+        for port in self.meta["outputs"]:
+            v = y[:, port["offset"]:port["offset"] + port["elems"]]
+            v = v.astype(IO_DTYPES[port.get("onnx_dtype", "f32")])
+            v = v.reshape((len(y), *port["shape"]))
+            out[port["name"]] = v[0] if x.ndim == 1 else v
+        return out
 
     __call__ = run

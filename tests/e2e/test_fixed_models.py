@@ -137,34 +137,12 @@ def test_twin_identical_across_compilers(fixed, name, tmp_path):
         assert np.array_equal(user.Twin(d, so=so).run_raw(x), base), (cc, opt)
 
 
-DRIVER = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include "{name}.h"
-
-int main(int argc, char **argv)
-{{
-	static s32 in[KML_{NAME}_IN_ELEMS], out[KML_{NAME}_OUT_ELEMS];
-	static unsigned long long ws[KML_{NAME}_WORKSPACE_BYTES / 8 + 1];
-	FILE *fi = fopen(argv[1], "rb"), *fo = fopen(argv[2], "wb");
-
-	while (fread(in, sizeof(in), 1, fi) == 1) {{
-		if (kml_{name}_infer(in, out, ws))
-			return 3;
-		fwrite(out, sizeof(out), 1, fo);
-	}}
-	fclose(fo);
-	return 0;
-}}
-"""
-
-
 @pytest.mark.parametrize("cc", ["gcc", "clang"])
 @pytest.mark.parametrize("name", MODELS)
 def test_no_undefined_behaviour_on_hostile_inputs(fixed, name, cc, tmp_path):
     d, _ = fixed[name]
     m = f"{name}_fx"
-    (tmp_path / "drv.c").write_text(DRIVER.format(name=m, NAME=m.upper()))
+    (tmp_path / "drv.c").write_text(kernel_c.infer_driver(m))
     exe = tmp_path / "drv"
     subprocess.run([cc, "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                     "-fno-omit-frame-pointer", f"-I{d / 'user'}", "-o", exe, tmp_path / "drv.c",

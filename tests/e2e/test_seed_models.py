@@ -77,8 +77,13 @@ def test_twin_matches_reference_evaluator_bit_for_bit(compiled, name):
 def test_twin_identical_across_compilers_and_optimization(compiled, name, tmp_path):
     x = np.concatenate([eval_rows(name, 500), golden_rows(name)])
     base = load(compiled[name]).run(x)
+    # -march=native offers FMA and AVX-512, which the contract must not let
+    # the compilers use; the stack budget is the kernel flags' (SSE2 only,
+    # test_kernel_c_standards): AVX-512 spills took clang -O2's frame for
+    # nfs_rsize to 536 B on an EPYC, so the frame check is off here
     for cc, opt in (("gcc", "-O0"), ("clang", "-O2"), ("clang", "-O0"), ("gcc", "-O3")):
-        so = user.build_twin(compiled[name] / "user", name, cc=cc, extra=[opt, "-march=native"],
+        so = user.build_twin(compiled[name] / "user", name, cc=cc,
+                             extra=[opt, "-march=native", "-Wno-frame-larger-than"],
                              out=tmp_path / f"{cc}{opt}.so")
         y = user.Twin(compiled[name], so=so).run(x)
         assert np.array_equal(y.view(np.uint32), base.view(np.uint32)), (cc, opt)

@@ -42,7 +42,16 @@ def bad_models(tmp_path):
     save("int_input", make_model([helper.make_node("Relu", ["x"], ["y"], name="r")],
                                  [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 4])],
                                  [helper.make_tensor_value_info("y", TensorProto.INT64, [1, 4])]),
-         ["input 'x'", "int64", "float32"])
+         ["'r' (Relu)", "'x'", "int64", "float32", "Cast"])
+    save("uint8_input", make_model([helper.make_node("Relu", ["x"], ["y"], name="r")],
+                                   [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 4])],
+                                   [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 4])]),
+         ["input 'x'", "uint8", "float32, int32, int64 or bool"])
+    save("mixed_inputs", make_model([helper.make_node("Cast", ["a"], ["af"], to=1),
+                                     helper.make_node("Add", ["af", "b"], ["y"], name="add")],
+                                    [helper.make_tensor_value_info("a", TensorProto.INT64, [1, 2]),
+                                     ("b", [1, 2])], [("y", [1, 2])]),
+         ["'a' (i64)", "'b' (f32)", "one type"])
     save("unknown_input_type", make_model(  # found by tests/fuzz (shapes, seed 1 case 134)
         [helper.make_node("Relu", ["x"], ["y"], name="r")],
         [helper.make_tensor_value_info("x", 999, [1, 4])], [("y", [1, 4])]),
@@ -56,7 +65,7 @@ def bad_models(tmp_path):
     save("runtime_reshape", make_model(
         [helper.make_node("Reshape", ["x", "s"], ["y"], name="rs")],
         [("x", [1, 4]), helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
-        [("y", [2, 2])]), ["input 's'", "int64"])
+        [("y", [2, 2])]), ["'rs' (Reshape)", "target shape", "constant"])
     save("other_domain", make_model(
         [helper.make_node("FusedGemm", ["x"], ["y"], name="fg", domain="com.microsoft")],
         [("x", [1, 4])], [("y", [1, 4])]), ["fg", "com.microsoft"])
@@ -355,7 +364,7 @@ def test_names_holding_newlines_stay_on_one_line(tmp_path):
     the one error line at the newline (the rest of the message behind
     "1 more line").  Control characters in the line are escaped now."""
     from onnx import TensorProto
-    for elem, op, words in ((TensorProto.INT64, "Relu", ["input 'a\\nb'", "int64"]),
+    for elem, op, words in ((TensorProto.INT64, "Relu", ["operand 'a\\nb'", "int64"]),
                             (TensorProto.FLOAT, "Sqrt", ["'r\\nq\\t (Sqrt)'", "compile time"])):
         m = make_model([helper.make_node(op, ["a\nb"], ["y\nz"], name="r\nq\t")],
                        [helper.make_tensor_value_info("a\nb", elem, [1, 3])],

@@ -106,3 +106,31 @@ def test_verify_fails_on_a_perturbed_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(kmlc.api, "compile", perturbed)
     rep = verify_model(tmp_path / "m.onnx", samples=300)
     assert not rep.ok and rep.violations > 0, rep.text()
+
+
+def test_verify_judges_bool_outputs_exactly(tmp_path, monkeypatch):
+    """A decision inside the model (GreaterOrEqual, a bool output) passes
+    verify when the twin decides as onnxruntime does, and fails when its
+    threshold is moved: bool outputs are compared exactly, never within an
+    arithmetic bound."""
+    import kmlc.api
+    from onnx import TensorProto, helper
+
+    w = np.random.default_rng(2).standard_normal((4, 1)).astype(np.float32)
+    m = make_model([helper.make_node("MatMul", ["x", "w"], ["s"]),
+                    helper.make_node("GreaterOrEqual", ["s", "t"], ["d"])],
+                   [("x", [1, 4])], [helper.make_tensor_value_info("d", TensorProto.BOOL, [1, 1])],
+                   {"w": w, "t": np.array(0.1, np.float32)})
+    onnx.save(m, tmp_path / "m.onnx")
+    rep = verify_model(tmp_path / "m.onnx", samples=500)
+    assert rep.ok, rep.text()
+    real = kmlc.api.compile
+
+    def moved(model, *a, **k):
+        bad = onnx.load(str(model))
+        t = next(i for i in bad.graph.initializer if i.name == "t")
+        t.CopyFrom(onnx.numpy_helper.from_array(np.array(0.2, np.float32), "t"))
+        return real(bad, *a, **k)
+    monkeypatch.setattr(kmlc.api, "compile", moved)
+    rep = verify_model(tmp_path / "m.onnx", samples=500)
+    assert not rep.ok and rep.violations > 0, rep.text()

@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Integer elementwise helpers for kmlc models
+ *
+ * Max, min, abs and neg of s32 and s64 values, for the decision ops of
+ * both numerics (ONNX Max, Min, Abs, Neg on integer tensors).  ONNX leaves
+ * abs and neg of the most negative integer open; here, as in onnxruntime
+ * and numpy, they wrap around (two's complement): computed in unsigned
+ * arithmetic, so there is no signed overflow in C, and converted back,
+ * which gcc and clang define as modulo 2^N (so does the kernel, built with
+ * -fno-strict-overflow).  Integer only: includable from any translation
+ * unit.
+ */
+#ifndef KML_ELEM_H
+#define KML_ELEM_H
+
+#include "kml_types.h"
+
+static inline s32 kml_max_s32(s32 a, s32 b)
+{
+	return a >= b ? a : b;
+}
+
+static inline s32 kml_min_s32(s32 a, s32 b)
+{
+	return a <= b ? a : b;
+}
+
+static inline s64 kml_max_s64(s64 a, s64 b)
+{
+	return a >= b ? a : b;
+}
+
+static inline s64 kml_min_s64(s64 a, s64 b)
+{
+	return a <= b ? a : b;
+}
+
+static inline s32 kml_neg_s32(s32 a)
+{
+	return (s32)(0u - (u32)a);
+}
+
+static inline s64 kml_neg_s64(s64 a)
+{
+	return (s64)(0ull - (u64)a);
+}
+
+static inline s32 kml_abs_s32(s32 a)
+{
+	return a < 0 ? kml_neg_s32(a) : a;
+}
+
+static inline s64 kml_abs_s64(s64 a)
+{
+	return a < 0 ? kml_neg_s64(a) : a;
+}
+
+#endif /* KML_ELEM_H */
