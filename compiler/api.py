@@ -224,7 +224,7 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
                 lo, hi = (0, 1) if xs.dtype == np.bool_ else (np.iinfo(xs.dtype).min,
                                                               np.iinfo(xs.dtype).max)
                 xs[-3:] = np.array([lo, hi, 0], dtype=xs.dtype)[:, None]
-            goldens = (xs, twin.run_raw(xs))
+            goldens = (xs, twin.run_raw(xs), twin.last_saturations.copy())
         _write(tmp, render(targets, goldens))
         if "user" not in targets:
             shutil.rmtree(twin_dir)

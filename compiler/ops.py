@@ -28,6 +28,7 @@ Op kinds and their semantics (shapes are static; all float math is f32):
 """
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass
 from typing import Callable
 
@@ -451,10 +452,34 @@ def _q_infer(dtype_in):
     return infer
 
 
+# Saturations, counted as kml_fixed.h's kml_count16 and kml_sat_s32_n count
+# them in the C (the entry point's return value): ``saturations`` turns the
+# count on while it runs the graph.
+_SATURATED: contextvars.ContextVar[list | None] = contextvars.ContextVar("saturated",
+                                                                        default=None)
+
+
+def _count(v, lo: int | None, hi: int | None, where=True) -> None:
+    """Count the elements of ``v`` below ``lo`` or above ``hi`` (None: that
+    side is not an encoding's end but an op's bound, and does not count)."""
+    n = _SATURATED.get()
+    if n is not None:
+        out = np.zeros(np.shape(v), bool)
+        if lo is not None:
+            out |= v < lo
+        if hi is not None:
+            out |= v > hi
+        n[0] += int(np.count_nonzero(out & where))
+
+
 def _qinput_eval(xs, attrs):
-    x = qmath.clamp(xs[0].reshape(-1).astype(np.int64), *S32)    # an int64 input saturates
+    x = xs[0].reshape(-1).astype(np.int64)
+    if attrs.get("saturate") and xs[0].dtype == np.int64:
+        _count(x, *S32)
+    x = qmath.clamp(x, *S32)                 # an int64 input saturates
     y = qmath.round_shift(x - np.array(attrs["center"]), np.array(attrs["shift"]))
     if attrs.get("saturate"):
+        _count(y, *S32)
         y = qmath.clamp(y, *S32)
     return [y.reshape(xs[0].shape)]
 
@@ -468,6 +493,11 @@ def _activate(v: np.ndarray, attrs: dict, mult, shift, mult_neg=None, shift_neg=
     if mult_neg is not None:
         neg = -v if attrs.get("flip") else v       # a negative slope
         r = np.where(v < 0, qmath.requant(neg, mult_neg, shift_neg), r)
+    # a floor at or above the zero point (ReLU, Clip from 0 up) is the op's
+    # own: values below it are not saturated (passes/lower.py: "relu")
+    floor_is_op = attrs["lo"] >= attrs["zp"] and mult_neg is None
+    _count(r + attrs["zp"], -32768 if attrs["lo"] == -32768 and not floor_is_op else None,
+           32767 if attrs["hi"] == 32767 else None)
     return qmath.clamp(r + attrs["zp"], attrs["lo"], attrs["hi"])
 
 
@@ -496,14 +526,16 @@ def _qact_eval(xs, attrs):
     if attrs["mode"] in ("neg", "abs"):     # y = zp_out + requant(-d or |d|), d = x - zp
         d = x - attrs["zp"]
         d = -d if attrs["mode"] == "neg" else np.abs(d)
-        return [qmath.clamp(attrs["zp_out"] + qmath.requant(d, attrs["mult"], attrs["shift"]),
-                            *S16)]
+        r = attrs["zp_out"] + qmath.requant(d, attrs["mult"], attrs["shift"])
+        _count(r, *S16)
+        return [qmath.clamp(r, *S16)]
     if attrs["mode"] == "round":            # y = zp_out + fn((x - zp) * mult / 2^shift)
         k = qmath.round_q((x - attrs["zp"]) * attrs["mult"], attrs["shift"], attrs["fn"])
         return [attrs["zp_out"] + k]
     if attrs["mode"] == "leaky":
         d = attrs["zp"] - x if attrs.get("flip") else x - attrs["zp"]
         r = attrs["zp"] + qmath.requant(d, attrs["mult"], attrs["shift"])
+        _count(r, *S16, where=x < attrs["zp"])
         return [np.where(x >= attrs["zp"], x, qmath.clamp(r, *S16))]
     return [_activate(x - attrs["zp"], attrs, attrs["mult"], attrs["shift"])]
 
@@ -536,6 +568,17 @@ def interpret(g: Graph, *inputs: np.ndarray) -> list[np.ndarray]:
     """Run ``g`` on numpy inputs with the reference evaluator."""
     env = run_all(g, *inputs)
     return [v.data if v.is_const else env[v] for v in g.outputs]
+
+
+def saturations(g: Graph, *inputs: np.ndarray) -> int:
+    """How many values an integer graph saturates on these inputs: what its
+    C entry point returns."""
+    token = _SATURATED.set([0])
+    try:
+        run_all(g, *inputs)
+        return _SATURATED.get()[0]
+    finally:
+        _SATURATED.reset(token)
 
 
 def run_all(g: Graph, *inputs: np.ndarray) -> dict[Value, np.ndarray]:

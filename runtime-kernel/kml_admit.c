@@ -676,9 +676,11 @@ int kml_hook_init(void)
 	int ret;
 
 	kml_model_init();
+	kml_debugfs_saturated();
 	ret = dm_register_target(&kml_target);
 	if (ret) {
 		kml_model_exit();
+		kml_debugfs_remove();
 		return ret;
 	}
 	pr_info("device-mapper target %s ready\n", kml_target.name);
@@ -691,4 +693,5 @@ void kml_hook_exit(void)
 	dm_unregister_target(&kml_target);
 	kml_model_exit();
 	synchronize_rcu();
+	kml_debugfs_remove();
 }

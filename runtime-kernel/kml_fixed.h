@@ -184,6 +184,37 @@ static inline s32 kml_sat_s32(s64 v)
 }
 
 /*
+ * Saturation, counted: kml_sat_s32 adding 1 to *sat when v is beyond int32,
+ * and v itself adding 1 when it lies beyond int16 (an activation leaving
+ * its encoding, which the clamp that follows saturates).  The counts are
+ * the entry point's return value (docs/numerics.md, "Saturation").
+ */
+static inline s32 kml_sat_s32_n(s64 v, unsigned int *sat)
+{
+	*sat += v < -2147483647LL - 1 || v > 2147483647LL;
+	return kml_sat_s32(v);
+}
+
+static inline s64 kml_count16(s64 v, unsigned int *sat)
+{
+	*sat += v < -32768 || v > 32767;
+	return v;
+}
+
+/* The same for an encoding with one end only: a ReLU's, or a Clip's. */
+static inline s64 kml_count_above(s64 v, unsigned int *sat)
+{
+	*sat += v > 32767;
+	return v;
+}
+
+static inline s64 kml_count_below(s64 v, unsigned int *sat)
+{
+	*sat += v < -32768;
+	return v;
+}
+
+/*
  * Piecewise-linear table lookup: t[] holds f at u = 0, 32, 64, ...,
  * 32768 (1025 entries); u in [0, 32767].  The correction between two
  * entries is rounded on its magnitude, like everything else here.

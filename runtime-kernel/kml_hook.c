@@ -13,6 +13,7 @@
 #include <linux/mutex.h>
 #include <linux/percpu.h>
 #include <linux/rcupdate.h>
+#include <linux/seq_file.h>
 #include <linux/string.h>
 #include <linux/sysfs.h>
 #include <linux/utsname.h>
@@ -35,6 +36,9 @@ static bool kml_dying;			/* module exit has begun */
  */
 static DEFINE_PER_CPU(struct kml_model_buf, kml_bufs);
 
+/* Values the model saturated, over every decision (debugfs "saturated"). */
+static DEFINE_PER_CPU(u64, kml_saturated);
+
 bool kml_attached(void)
 {
 	return rcu_access_pointer(kml_model);
@@ -54,6 +58,8 @@ int kml_decide(const s32 *f, u64 *ns)
 		t0 = ktime_get_ns();
 		ret = m->decide(f, this_cpu_ptr(&kml_bufs));
 		*ns = ktime_get_ns() - t0;
+		if (ret >= 0)
+			this_cpu_add(kml_saturated, this_cpu_ptr(&kml_bufs)->saturated);
 		local_irq_restore(flags);
 	}
 	rcu_read_unlock();
@@ -63,8 +69,11 @@ int kml_decide(const s32 *f, u64 *ns)
 int kml_decide_with(const s32 *f, struct kml_model_buf *buf)
 {
 	const struct kml_model *m = rcu_dereference(kml_model);
+	int ret = m ? m->decide(f, buf) : -ENODEV;
 
-	return m ? m->decide(f, buf) : -ENODEV;
+	if (ret >= 0)
+		this_cpu_add(kml_saturated, buf->saturated);
+	return ret;
 }
 
 static bool enabled = true;
@@ -175,6 +184,24 @@ struct dentry *kml_debugfs_dir(void)
 void kml_debugfs_file(const char *name, const struct file_operations *fops)
 {
 	debugfs_create_file(name, 0400, kml_debugfs_dir(), NULL, fops);
+}
+
+static int kml_saturated_show(struct seq_file *m, void *unused)
+{
+	u64 n = 0;
+	int cpu;
+
+	for_each_possible_cpu(cpu)
+		n += per_cpu(kml_saturated, cpu);
+	seq_printf(m, "%llu\n", n);
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(kml_saturated);
+
+/* debugfs "saturated": values the model saturated, summed over every CPU. */
+void kml_debugfs_saturated(void)
+{
+	kml_debugfs_file("saturated", &kml_saturated_fops);
 }
 
 void kml_debugfs_remove(void)

@@ -103,6 +103,9 @@ struct dentry *kml_debugfs_dir(void);
 void kml_debugfs_file(const char *name, const struct file_operations *fops);
 void kml_debugfs_remove(void);
 
+/* debugfs "saturated": values the model saturated over every decision. */
+void kml_debugfs_saturated(void);
+
 /*
  * Adds the counters of src to dst: structs of u64 only, size bytes (one
  * CPU's counters into a total).

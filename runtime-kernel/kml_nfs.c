@@ -686,6 +686,7 @@ int kml_hook_init(void)
 	}
 	kml_debugfs_file("stats", &kml_stats_fops);
 	kml_debugfs_file("mounts", &kml_mounts_fops);
+	kml_debugfs_saturated();
 	mutex_lock(&kml_tp_lock);
 	attached = kml_tps[KML_TP_READ].tp && kml_tps[KML_TP_DONE].tp;
 	mutex_unlock(&kml_tp_lock);

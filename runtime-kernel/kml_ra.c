@@ -597,6 +597,7 @@ int kml_hook_init(void)
 	}
 	kml_debugfs_file("stats", &kml_stats_fops);
 	kml_debugfs_file("files", &kml_files_fops);
+	kml_debugfs_saturated();
 	pr_info("attached to page_cache_sync_ra, page_cache_async_ra and filemap_fault\n");
 	return 0;
 

@@ -83,7 +83,7 @@ int main(int argc, char **argv)
 	FILE *fi = fopen(argv[1], "rb"), *fo = fopen(argv[2], "wb");
 
 	while (fread(in, sizeof(in), 1, fi) == 1) {{
-		if (kml_{name}_infer(in, out, ws))
+		if (kml_{name}_infer(in, out, ws) < 0)
 			return 3;
 		fwrite(out, sizeof(out), 1, fo);
 	}}

@@ -6,7 +6,8 @@
  * defines
  *   BENCH_T          the element type of in[] and out[] (float or s32)
  *   BENCH_IN_ELEMS, BENCH_OUT_ELEMS, BENCH_WS_BYTES
- *   bench_infer(in, out, ws)   the function under test (returns 0)
+ *   bench_infer(in, out, ws)   the function under test (returns >= 0:
+ *                              fixed point's count of saturated values)
  *
  *   timing ROWS.bin NROWS SAMPLES WARMUP OUT.bin
  *   timing ROWS.bin NROWS 0 0 -        (prints each row's outputs, as
@@ -114,7 +115,7 @@ int main(int argc, char **argv)
 		for (i = 0; i < nrows; i++) {
 			int j;
 
-			if (bench_infer(rows + i * BENCH_IN_ELEMS, out, ws))
+			if (bench_infer(rows + i * BENCH_IN_ELEMS, out, ws) < 0)
 				return 1;
 			for (j = 0; j < BENCH_OUT_ELEMS; j++)
 				printf("%.17g%c", (double)out[j], j + 1 < BENCH_OUT_ELEMS ? ' ' : '\n');
@@ -122,7 +123,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	for (i = 0; i < warmup; i++) {
-		if (bench_infer(rows + (i % nrows) * BENCH_IN_ELEMS, out, ws)) {
+		if (bench_infer(rows + (i % nrows) * BENCH_IN_ELEMS, out, ws) < 0) {
 			fprintf(stderr, "inference failed\n");
 			return 1;
 		}

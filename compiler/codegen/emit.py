@@ -220,17 +220,29 @@ def requant_call(acc: str, mult: str, shift: str) -> str:
     return f"kml_requant({acc}, {mult}, {shift})"
 
 
+def q_requant(p: dict, v: str, mult: str, shift: str) -> str:
+    """A fixed-point kernel's requantization of accumulator ``v``."""
+    return (f"kml_requant_relu({v}, {mult}, {shift})" if p.get("requant") == "relu"
+            else f"kml_requant_wide({v}, {mult}, {shift})"
+            if p.get("requant") == "wide" else requant_call(v, mult, shift))
+
+
 def q_output(p: dict, v: str, mult: str, shift: str, raw: bool = False) -> str:
     """The output stage of a fixed-point kernel: requantize ``v`` (unless
     ``raw``: already requantized), then clamp (with a zero point) or look up
     the nonlinearity."""
-    r = v if raw else (f"kml_requant_relu({v}, {mult}, {shift})" if p.get("requant") == "relu"
-                       else f"kml_requant_wide({v}, {mult}, {shift})"
-                       if p.get("requant") == "wide" else requant_call(v, mult, shift))
+    r = v if raw else q_requant(p, v, mult, shift)
     if p["mode"] == "lut":
         return f"kml_{p['fn']}_q15(kml_sat_s32({r}))"
     zp = p.get("zp", 0)
     r = f"{r} + {zp}" if zp > 0 else (f"{r} - {-zp}" if zp < 0 else r)
+    if p.get("counts"):
+        # leaving the int16 encoding is a saturation; a ReLU's or Clip's
+        # own bound inside it is the op (float clamps there too)
+        fn = {(True, True): "kml_count16", (False, True): "kml_count_above",
+              (True, False): "kml_count_below"}.get((p["lo"] == -32768 and not p.get("relu"),
+                                                     p["hi"] == 32767))
+        r = f"{fn}({r}, &sat)" if fn else r
     return f"kml_clamp({r}, {p['lo']}, {p['hi']})"
 
 
@@ -313,7 +325,7 @@ def environment() -> jinja2.Environment:
                        macro_init=macro_init, positional=positional, ctext=c_text,
                        ccomment=ccomment)
     env.globals.update(cfloat=cfloat, idx=idx, at=at, act_call=act_call, params=params,
-                       arg=arg, matmul_view=matmul_view, ewise_expr=ewise_expr, loop_vars=loop_vars, loops_zero=loops_zero,
+                       arg=arg, matmul_view=matmul_view, ewise_expr=ewise_expr, q_requant=q_requant, loop_vars=loop_vars, loops_zero=loops_zero,
                        initializer=initializer, bits_hex=bits_hex, version=__version__,
                        const_layout=const_layout, macro=macro, q_output=q_output,
                        zip=zip, enumerate=enumerate, dict=dict)
@@ -391,7 +403,8 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         "user_cflags": user_cflags, "fixed": fixed, "core": core_name(prog),
         "in_t": prog.in_dtype.ctype, "out_t": prog.out_dtype.ctype,
         "in_bits": BITS[prog.in_dtype.size][0], "out_bits": BITS[prog.out_dtype.size][0],
-        "luts": luts, "ports": port_macros(prog), "encoding": fixed_interface(prog),
+        "luts": luts, "counting": any(k.params.get("counts") for k in prog.kernels),
+        "ports": port_macros(prog), "encoding": fixed_interface(prog),
         "hooks": list(getattr(prog, "hooks", ()) or ()), **binding_context(prog),
     }
 

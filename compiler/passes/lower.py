@@ -330,7 +330,9 @@ class _Lowering:
             # ReLU: a negative sum requantizes to at most 0, which the clamp
             # raises to lo anyway, so the sign never matters (kml_requant_relu)
             params["requant"] = "relu"
-        self.kernel("qdense", op, ops, n=n, k=k, tiles=tiling, **params)
+            params["relu"] = True   # the floor is the op's: below it is no saturation
+        self.kernel("qdense", op, ops, n=n, k=k, tiles=tiling, counts=a["mode"] == "clamp",
+                    **params)
 
     def ewise(self, op, y):
         """An elementwise op: one loop nest over the result, each operand
@@ -403,11 +405,13 @@ class _Lowering:
                 self.kernel("qinput", op, {
                     "x": self.operand(x, "x"), "center": self.array("center", a["center"], I32),
                     "shift": self.array("shift", a["shift"], U8), "y": y},
-                    n=x.type.numel, saturate=bool(a.get("saturate")))
+                    n=x.type.numel, saturate=bool(a.get("saturate")),
+                    counts=bool(a.get("saturate")))
             elif op.kind == "qdense":
                 self.qdense(op, y)
             elif op.kind == "qact":
                 self.kernel("qact", op, {"x": self.operand(x, "x"), "y": y}, n=x.type.numel,
+                            counts=op.attrs["mode"] in ("leaky", "neg", "abs"),
                             **{k: v for k, v in op.attrs.items() if k != "scale"})
             else:
                 raise KmlcError(f"node '{', '.join(op.origin)}' ({op.kind}) computes on runtime "

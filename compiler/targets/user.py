@@ -147,7 +147,9 @@ class Twin:
             raise KmlcError("describes outputs or input encodings that do not match the twin "
                             "library; recompile rather than edit", where=str(outdir / "kmlc.json"))
         p = ctypes.c_void_p
-        self._batch.argtypes = [p, p, ctypes.c_ulong, p]
+        self._batch.argtypes = [p, p, ctypes.c_ulong, p, p]
+        self.saturations = 0                       # values saturated, over every run
+        self.last_saturations = np.zeros(0, np.uint32)  # per row of the last run
         self._batch.restype = ctypes.c_int
         words = max(workspace, 8) // 8 + 1
         self._workspace = np.zeros(words, dtype=np.uint64)  # 8-byte aligned
@@ -220,9 +222,13 @@ class Twin:
         """The C entry point on raw rows (of the in[] and out[] types)."""
         x = np.ascontiguousarray(self._rows(x), dtype=self.in_dtype)
         y = np.empty((x.shape[0], self.out_elems), dtype=self.out_dtype)
-        ret = self._batch(x.ctypes.data, y.ctypes.data, x.shape[0], self._workspace.ctypes.data)
+        sat = np.zeros(x.shape[0], np.uint32)
+        ret = self._batch(x.ctypes.data, y.ctypes.data, x.shape[0], self._workspace.ctypes.data,
+                          sat.ctypes.data)
         if ret:
             raise KmlcError(f"kml_{self.name}_infer returned {ret}")
+        self.last_saturations = sat
+        self.saturations += int(sat.sum())
         return y
 
     # ---- a hook's replay and decision (kmlc.hooks) ------------------------------------

@@ -207,7 +207,7 @@ def test_fixed_point_keeps_integer_features_exact(built):
         assert prog.in_dtype.name == "i64"
         core = re.sub(r"/\*.*?\*/", "", (d / "kernel" / f"{tag}_fx.c").read_text(), flags=re.S)
         assert not re.search(r"\b(float|double)\b", core)
-        assert "kml_sat_s32(x[i])" in core
+        assert "kml_sat_s32_n(x[i], &sat)" in core
     d, tag, prog = built["mixed", "fixed"]
     assert prog.in_dtype.name == "i32" and prog.out_dtype.name == "bool"
 

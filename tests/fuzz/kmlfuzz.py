@@ -693,17 +693,19 @@ def oracle(model_bytes: bytes, meta: dict, x: np.ndarray, y: np.ndarray) -> str:
 DRIVER = r"""
 #include <stdio.h>
 #include "%(name)s.h"
-typedef %(t)s elem;
+typedef %(tin)s in_elem;
+typedef %(tout)s out_elem;
 int main(int argc, char **argv)
 {
-	static elem in[%(N)s_IN_ELEMS], out[%(N)s_OUT_ELEMS];
+	static in_elem in[%(N)s_IN_ELEMS];
+	static out_elem out[%(N)s_OUT_ELEMS];
 	static unsigned long long ws[%(N)s_WORKSPACE_BYTES / 8 + 1];
 	FILE *fi = fopen(argv[1], "rb"), *fo = fopen(argv[2], "wb");
 
 	if (!fi || !fo)
 		return 4;
 	while (fread(in, sizeof(in), 1, fi) == 1) {
-		if (kml_%(name)s_infer(in, out, ws))
+		if (kml_%(name)s_infer(in, out, ws) < 0)
 			return 3;
 		fwrite(out, sizeof(out), 1, fo);
 	}
@@ -713,8 +715,22 @@ int main(int argc, char **argv)
 """
 
 
+# kmlc.json's element types of in[] and out[]: C and numpy
+C_TYPES = {"f32": "float", "i32": "s32", "i64": "s64", "bool": "u8"}
+NP_TYPES = {"f32": np.float32, "i32": np.int32, "i64": np.int64, "bool": np.uint8}
+
+
+def io_types(meta: dict) -> tuple[str, str]:
+    fixed = bool(meta["fixed"])
+    return (meta.get("in_dtype", "i32" if fixed else "f32"),
+            meta.get("out_dtype", "i32" if fixed else "f32"))
+
+
 def _raw(meta: dict, x: np.ndarray) -> np.ndarray:
-    """Twin.encode's rows, from kmlc.json (float32 as is; fixed round(x 2^F))."""
+    """Twin.encode's rows, from kmlc.json (float32 as is; fixed round(x 2^F);
+    integer features as integers)."""
+    if meta["inputs"][0].get("onnx_dtype", "f32") != "f32":
+        return np.round(x).astype(NP_TYPES[io_types(meta)[0]])
     if not meta["fixed"]:
         return x.astype(np.float32)
     v = x.astype(np.float64) * np.ldexp(1.0, np.array(meta["fixed"]["frac_bits"]))
@@ -728,8 +744,9 @@ def sanitized(out: Path, meta: dict, x: np.ndarray, y: np.ndarray, d: Path) -> s
     from kmlc.targets.user import sources
 
     name, fixed = meta["name"], bool(meta["fixed"])
+    tin, tout = io_types(meta)
     (d / "drv.c").write_text(DRIVER % {"name": name, "N": f"KML_{name.upper()}",
-                                       "t": "s32" if fixed else "float"})
+                                       "tin": C_TYPES[tin], "tout": C_TYPES[tout]})
     exe = d / "drv"
     srcs = [str(out / "user" / s) for s in sources(out / "user", name) if not s.endswith("_twin.c")]
     b = subprocess.run(["gcc", "-std=gnu11", "-O1", "-g", "-fsanitize=address,undefined",
@@ -740,9 +757,10 @@ def sanitized(out: Path, meta: dict, x: np.ndarray, y: np.ndarray, d: Path) -> s
         return "sanitizer build fails: " + b.stderr[-1500:]
     raw = _raw(meta, x)
     n = raw.shape[1]
-    if fixed:
-        ext = np.array([-2**31, 2**31 - 1, 0, -1, 1], np.int64)
-        extreme = np.stack([np.full(n, v) for v in ext]).astype(np.int32)
+    if raw.dtype.kind in "iu":
+        info = np.iinfo(raw.dtype)
+        ext = np.array([info.min, info.max, 0, 1], np.int64)
+        extreme = np.stack([np.full(n, v) for v in ext]).astype(raw.dtype)
     else:
         ext = [np.nan, np.inf, -np.inf, 3.4e38, -3.4e38, 1e-45, 0.0]
         extreme = np.stack([np.full(n, v) for v in ext]).astype(np.float32)
@@ -753,9 +771,12 @@ def sanitized(out: Path, meta: dict, x: np.ndarray, y: np.ndarray, d: Path) -> s
                                                             "detect_leaks=0"))
     if r.returncode or "runtime error" in r.stderr or "Sanitizer" in r.stderr:
         return f"exit {r.returncode}: " + r.stderr[-1500:]
-    got = np.fromfile(d / "out.bin", dtype=np.int32 if fixed else np.float32)
+    got = np.fromfile(d / "out.bin", dtype=NP_TYPES[tout])
     got = got.reshape(len(rows), -1)[:len(raw)]
-    if fixed:
+    if tout not in ("f32", "i32") or (tout == "i32" and not fixed):
+        if not np.array_equal(got, np.asarray(y).reshape(got.shape).astype(got.dtype)):
+            return "sanitized build's integer outputs differ from the twin's"
+    elif fixed:
         ref_raw = _encode_out(meta, y)
         if not np.array_equal(got, ref_raw):
             return "sanitized build's raw outputs differ from the twin's"
@@ -771,7 +792,7 @@ def _encode_out(meta: dict, y: np.ndarray) -> np.ndarray:
     cols = []
     for o, p in zip(meta["fixed"]["outputs"], meta["outputs"]):
         v = y[:, p["offset"]:p["offset"] + p["elems"]].astype(np.float64)
-        cols.append(v if o.get("index") else np.round(v / o["scale"] + o["zp"]))
+        cols.append(v if "scale" not in o else np.round(v / o["scale"] + o["zp"]))
     return np.concatenate(cols, axis=1).astype(np.int32)
 
 
