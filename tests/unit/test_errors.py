@@ -331,8 +331,14 @@ def test_interrupted_compile_leaves_nothing(tmp_path, sig):
             time.sleep(0.005)
         proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=60)
-        assert proc.returncode != 0 and "Traceback" not in err, err
         assert not list(tmp_path.glob(".*kmlc-*")), list(tmp_path.iterdir())
+        assert "Traceback" not in err, err
+        if proc.returncode == 0:
+            # on a loaded machine the compile can finish between the poll
+            # that saw its temporary directory and the signal: then it is
+            # whole (the signal's moment itself: test_a_signal_at_the_worst_moment)
+            assert (target / "kmlc.json").is_file() and (target / "kunit").is_dir()
+            continue
         assert target.exists() == (target == out)
     assert sorted(p.name for p in (out / "user").iterdir()) == before
 
