@@ -58,6 +58,7 @@ int kml_decide(const s32 *f, u64 *ns)
 		t0 = ktime_get_ns();
 		ret = m->decide(f, this_cpu_ptr(&kml_bufs));
 		*ns = ktime_get_ns() - t0;
+		/* interrupts are off: this CPU's buffer and counter are ours */
 		if (ret >= 0)
 			this_cpu_add(kml_saturated, this_cpu_ptr(&kml_bufs)->saturated);
 		local_irq_restore(flags);
@@ -71,6 +72,7 @@ int kml_decide_with(const s32 *f, struct kml_model_buf *buf)
 	const struct kml_model *m = rcu_dereference(kml_model);
 	int ret = m ? m->decide(f, buf) : -ENODEV;
 
+	/* process context, preemptible: this_cpu_add() is one preempt-safe update */
 	if (ret >= 0)
 		this_cpu_add(kml_saturated, buf->saturated);
 	return ret;
