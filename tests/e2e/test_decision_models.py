@@ -220,8 +220,13 @@ def test_kernel_c_standards(built, tmp_path):
 
 @pytest.mark.kernel
 def test_modules_build_and_checkpatch_clean(built):
-    for d, _, _ in built.values():
-        kernel.build_module(d / "kernel")          # W=1, raises on any warning
+    """Every build's C is checkpatch-clean; the modules built (W=1, any
+    warning fails) cover each kind of entry point once: s64 in and bool out
+    through an FPU section, s64 in and out in integers, s32 in and bool out
+    with the integer decision ops (KUnit builds all six besides)."""
+    for key, (d, _, _) in built.items():
+        if key in (("heimdall_decide", "float"), ("linnos_int", "fixed"), ("mixed", "fixed")):
+            kernel.build_module(d / "kernel")
         kernel_c.check_checkpatch_clean(d / "kernel")
         kernel_c.check_checkpatch_clean(d / "kunit")
 
