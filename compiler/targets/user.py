@@ -80,7 +80,7 @@ def read_manifest(outdir: Path) -> dict:
         raise KmlcError(f"cannot be read ({' '.join(str(e).split())}); recompile the model",
                         where=str(manifest)) from None
     want = {"name": str, "in_elems": int, "out_elems": int, "workspace_bytes": int,
-            "outputs": list}
+            "inputs": list, "outputs": list}
     bad = [k for k, t in want.items() if not isinstance(meta, dict) or not isinstance(
         meta.get(k), t) or isinstance(meta.get(k), bool)]
     if bad:
@@ -130,8 +130,7 @@ class Twin:
         for key, lib_value, json_value in zip(SIZE_KEYS, sizes, said):
             if lib_value != json_value:
                 if key.endswith("dtype"):
-                    key, json_value = key, self.meta.get(key)
-                    lib_value = f"{lib_value}-byte elements"
+                    json_value, lib_value = self.meta.get(key), f"{lib_value}-byte elements"
                 raise KmlcError(f"kmlc.json says {key} = {json_value} but the twin library was "
                                 f"compiled with {lib_value}; recompile rather than edit",
                                 where=str(outdir / "kmlc.json"))
@@ -163,7 +162,8 @@ class Twin:
     def integer_inputs(self) -> bool:
         """True when the model's inputs are integers (or bools), taken as
         they are in both numerics."""
-        return self.meta["inputs"][0].get("onnx_dtype", "f32") != "f32"
+        first = self.meta["inputs"][0] if self.meta["inputs"] else {}
+        return isinstance(first, dict) and first.get("onnx_dtype", "f32") != "f32"
 
     def encode(self, x) -> np.ndarray:
         """Feature rows as the model's raw input: integer features as they

@@ -226,16 +226,22 @@ def damaged(out: Path, how: str) -> None:
         d["out_elems"] = 1                 # once: the twin wrote past its buffer
     elif how == "outputs edited":
         d["outputs"][0]["elems"] = 1
+    elif how == "out_dtype edited":
+        d["out_dtype"] = "i64"             # the twin would read 8-byte elements from a float array
+    elif how == "inputs not a list":
+        d["inputs"] = {"x": 1}
     elif how == "not an object":
         meta.write_text("[1, 2]")
     elif how == "library not a library":
         next((out / "user").glob("*.so")).write_text("junk")
-    if how in ("missing key", "wrong type", "out_elems edited", "outputs edited"):
+    if how in ("missing key", "wrong type", "out_elems edited", "outputs edited",
+               "out_dtype edited", "inputs not a list"):
         meta.write_text(json.dumps(d))
 
 
 @pytest.mark.parametrize("how", ["truncated json", "missing key", "wrong type", "out_elems edited",
-                                 "outputs edited", "not an object", "library not a library"])
+                                 "outputs edited", "out_dtype edited", "inputs not a list",
+                                 "not an object", "library not a library"])
 def test_damaged_outdir_is_one_line(tmp_path, how):
     """A damaged OUTDIR (kmlc.json edited, truncated or of the wrong shape;
     a .so that is not a library) is one line and exit 1: the twin takes its
