@@ -367,10 +367,10 @@ class _Quantizer:
             q = QParams(q.scale, q.zp, min(g.lo for _, g in got), max(g.hi for _, g in got))
         ins = ([self.operand(op, op.inputs[0])[0]] if op.kind == "where" else []) + \
             [v for v, _ in got]
-        dtype = ins[-1].type.dtype if q is EXACT else I16
-        ins = [v if v.type.dtype == dtype or v.type.dtype == BOOL else
-               const(self.fresh(v.name), v.data.astype(dtype.np)) for v in ins]
-        self.emit(op.kind, ins, {}, op.origin, op.output, q, dtype=dtype)
+        # the IR's type rule gave the operands one type: int16 on a scale,
+        # or the exact integers' own
+        self.emit(op.kind, ins, {}, op.origin, op.output, q,
+                  dtype=ins[-1].type.dtype if q is EXACT else I16)
 
     def rounding(self, op: Op) -> None:
         """Floor, Ceil, Round: the integer k the real value (q - zp) * scale
