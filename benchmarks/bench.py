@@ -148,7 +148,11 @@ def prepare_model(name: str, work: Path, args, kflags_box: dict) -> dict:
         for numerics_, flags in KMLC:
             if numerics_ != numerics:
                 continue
-            if flags == "kernel" and "cc" not in kflags_box:
+            if flags.startswith("kernel-") and flags[7:] not in twin.paths:
+                m["unavailable"][(numerics, flags)] = (f"no {flags[7:]} path (the model has none, "
+                                                      "or the CPU lacks it)")
+                continue
+            if flags.startswith("kernel") and "cc" not in kflags_box:
                 m["unavailable"][(numerics, flags)] = ("the kernel's flags are unknown: no "
                                                       "module was built (kernel headers?)")
                 continue
@@ -230,11 +234,11 @@ def summarize(m: dict, peaks: dict) -> None:
             st["pct_roof"] = 100.0 / (st["cycles_per_mac"] * peaks[roof])
         m["stats"][k] = st
     m["ratios"] = {}
-    for base in (("float", "kernel"), ("fixed", "kernel")):
+    for base in [k for k in KMLC if k[1].startswith("kernel")]:
         if base not in m["stats"]:
             continue
         b = m["stats"][base]["per_round"]
-        for peer in PEERS + [("float", "native"), ("fixed", "native")]:
+        for peer in PEERS + [k for k in KMLC if k != base]:
             if peer in m["stats"]:
                 rs = [p / q for p, q in zip(m["stats"][peer]["per_round"], b)]
                 m["ratios"][(base, peer)] = {"median": float(np.median(rs)),

@@ -23,6 +23,7 @@ test and its flags:
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -116,10 +117,19 @@ def link(exe: Path, work: Path, objs: list[Path], header: str, incs: list[Path],
     return exe
 
 
+PATHS = ("scalar", "sse2", "avx2")   # kml_simd.h's enum kml_path
+# in[] and out[] element types (kmlc.json's in_dtype, out_dtype) in C
+C_TYPES = {"f32": "float", "i32": "int", "i64": "long long", "bool": "unsigned char"}
+
+
 def build_kmlc(outdir: Path, name: str, numerics: str, mode: str, kflags: dict | None,
                work: Path) -> Path:
     """A timing program for kml_<name>_infer from OUTDIR/user, with the
-    kernel's flags (mode "kernel") or -O3 -march=native."""
+    kernel's flags (mode "kernel", or "kernel-sse2"/"kernel-avx2": a
+    fixed-point model's SIMD path, forced; "kernel" alone forces the
+    scalar path of a model that has SIMD paths) or -O3 -march=native."""
+    path = mode.split("-")[1] if "-" in mode else "scalar"
+    mode = mode.split("-")[0]
     user = outdir / "user"
     work.mkdir(parents=True, exist_ok=True)
     fixed = numerics == "fixed"
@@ -137,8 +147,14 @@ def build_kmlc(outdir: Path, name: str, numerics: str, mode: str, kflags: dict |
         run([cc, *flags, f"-I{user}", "-c", "-o", obj, src])
         objs.append(obj)
     N = name.upper()
-    hdr = target_header(f'#include "{name}.h"', "int" if fixed else "float", f"KML_{N}_IN_ELEMS",
+    meta = json.loads((outdir / "kmlc.json").read_text())
+    hdr = target_header(f'#include "{name}.h"', C_TYPES[meta["in_dtype"]], f"KML_{N}_IN_ELEMS",
                         f"KML_{N}_OUT_ELEMS", f"KML_{N}_WORKSPACE_BYTES", f"kml_{name}_infer")
+    if meta["out_dtype"] != meta["in_dtype"]:
+        hdr += f"#define BENCH_OUT_T {C_TYPES[meta['out_dtype']]}\n"
+    if mode == "kernel" and f"kml_{name}_set_path" in (user / f"{name}.h").read_text():
+        hdr += (f"#define BENCH_SETUP() do {{ if (kml_{name}_set_path({PATHS.index(path)})) "
+                "exit(5); } while (0)\n")
     return link(work / "timing", work, objs, hdr, [user])
 
 

@@ -14,11 +14,16 @@ from pathlib import Path
 import numpy as np
 
 # kmlc's own systems: (numerics, flags)
-KMLC = [("float", "kernel"), ("fixed", "kernel"), ("float", "native"), ("fixed", "native")]
+# ("fixed", "kernel") is the scalar path (any context); "kernel-sse2" and
+# "kernel-avx2" are the SIMD paths (kml_simd.h), where the CPU has them
+KMLC = [("float", "kernel"), ("fixed", "kernel"), ("fixed", "kernel-sse2"),
+        ("fixed", "kernel-avx2"), ("float", "native"), ("fixed", "native")]
 # The headline compares kmlc's kernel-flag twins with these.
 PEERS = ["tvm", "onnxruntime", "pytorch", "torch.compile", "naive C"]
 LABEL = {("float", "kernel"): "kmlc float, kernel flags",
-         ("fixed", "kernel"): "kmlc fixed, kernel flags",
+         ("fixed", "kernel"): "kmlc fixed, kernel flags, scalar path",
+         ("fixed", "kernel-sse2"): "kmlc fixed, kernel flags, SSE2 path",
+         ("fixed", "kernel-avx2"): "kmlc fixed, kernel flags, AVX2 path",
          ("float", "native"): "kmlc float, -O3 -march=native",
          ("fixed", "native"): "kmlc fixed, -O3 -march=native",
          "naive C": "naive C loop, -O2", "tvm": "TVM llvm (time_evaluator)",
@@ -37,8 +42,16 @@ TARGETS = [
      "readahead, float twin (kernel flags) >= 50x faster than onnxruntime"),
     ("heimdall", ("float", "kernel"), None, "cpm", 0.3,
      "Heimdall, float (SSE2 only) <= 0.3 cycles/MAC"),
-    ("heimdall", ("fixed", "kernel"), None, "cpm", 1.25,
-     "Heimdall, fixed (scalar, no SSE) <= 1.25 cycles/MAC"),
+    ("heimdall", ("fixed", "kernel"), None, "cpm", 1.0,
+     "Heimdall, fixed, scalar path (no SSE) <= 1.0 cycles/MAC"),
+    ("heimdall", ("fixed", "kernel-avx2"), ("float", "kernel"), "ratio", 1.0,
+     "Heimdall, fixed AVX2 path no slower than float (float / fixed >= 1)"),
+    ("linnos", ("fixed", "kernel-avx2"), ("float", "kernel"), "ratio", 1.0,
+     "LinnOS, fixed AVX2 path no slower than float (float / fixed >= 1)"),
+    ("heimdall", ("fixed", "kernel-sse2"), ("float", "kernel"), "ratio", 1.0,
+     "Heimdall, fixed SSE2 path no slower than float (float / fixed >= 1)"),
+    ("linnos", ("fixed", "kernel-sse2"), ("float", "kernel"), "ratio", 1.0,
+     "LinnOS, fixed SSE2 path no slower than float (float / fixed >= 1)"),
 ]
 
 
@@ -319,7 +332,7 @@ def plot(out: Path, models, sweep, peaks) -> list[Path]:
     except ImportError:
         return []
     written = []
-    order = KMLC[:2] + ["naive C", "tvm", "onnxruntime", "pytorch", "torch.compile"] + KMLC[2:]
+    order = KMLC[:4] + ["naive C", "tvm", "onnxruntime", "pytorch", "torch.compile"] + KMLC[4:]
     fig, ax = plt.subplots(figsize=(11, 5.5))
     n = len(order)
     width = 0.8 / n

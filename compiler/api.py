@@ -197,7 +197,7 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
     prog.hook_params = check_hook_params(prog.hooks, hook_params)
     source, sha = imported.source, imported.sha256
     render = lambda ts, goldens=None: emit.render(  # noqa: E731
-        prog, ts, source=source, sha256=sha, user_cflags=" ".join(user.CFLAGS), goldens=goldens)
+        prog, ts, source=source, sha256=sha, user_cflags=" ".join(user.cflags(prog.numerics == "fixed")), goldens=goldens)
 
     outdir.parent.mkdir(parents=True, exist_ok=True)
     tmp = None
@@ -336,7 +336,7 @@ def _signals_held():
 
 
 def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> dict:
-    from .codegen.emit import fixed_interface
+    from .codegen.emit import fixed_interface, simd_context
 
     port = lambda p: {"name": p.name, "shape": list(p.type.shape),  # noqa: E731
                       "dtype": p.type.dtype.name, "onnx_dtype": onnx_dtype(prog, p),
@@ -359,6 +359,10 @@ def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> di
         "peak_live_bytes": prog.plan.peak_bytes,
         "kernels": len(prog.kernels),
         "golden_vectors": 0 if goldens is None else int(len(goldens[0])),
+        # SIMD paths (kml_simd.h): multiply-adds they take per call, 0 for none
+        "simd_macs": simd_context(prog)["simd_macs"],
+        "macs": sum(k.params["k"] * k.params["n"] for k in prog.kernels if k.kind == "qdense")
+        or None,
         "fixed": fixed_interface(prog),
         "hooks": list(getattr(prog, "hooks", []) or []),
         "hook_params": dict(getattr(prog, "hook_params", {}) or {}),

@@ -161,6 +161,11 @@ def compile_cmd(model, input_shapes, outdir, targets, name, numerics, calibratio
         click.echo(f"kmlc: fixed point, weights: {widths}" + (
             f" (decisions as float's on {agree:.2f}% of the calibration rows)"
             if agree is not None else ""))
+    if m.get("simd_macs"):
+        click.echo(f"kmlc: fixed point, SIMD paths (SSE2, AVX2 where the CPU has it) for "
+                   f"{m['simd_macs']} of {m['macs']} multiply-adds: the same bits as the scalar "
+                   "path, taken where the FPU may be used and the model has >= simd_min_macs "
+                   "(512) of them")
     for o in fx.get("outputs", []):
         click.echo(f"kmlc: fixed point, output '{o['name']}': " + (
             f"|fixed - float| <= {o['error_bound']:.3g}" if "error_bound" in o else

@@ -344,7 +344,7 @@ def macro(name: str) -> str:
 
 # What model.h defines after KML_<NAME>_ besides the ports' offsets
 HEADER_MACROS = {"IN_ELEMS", "OUT_ELEMS", "WORKSPACE_BYTES", "WORKSPACE_ALIGN", "WEIGHT_BYTES",
-                 "IN_FRAC_BITS"}
+                 "IN_FRAC_BITS", "SIMD_MACS"}
 
 
 def port_macros(prog: Program) -> dict[str, list[str]]:
@@ -406,7 +406,22 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         "luts": luts, "counting": any(k.params.get("counts") for k in prog.kernels),
         "ports": port_macros(prog), "encoding": fixed_interface(prog),
         "hooks": list(getattr(prog, "hooks", ()) or ()), **binding_context(prog),
+        **simd_context(prog),
     }
+
+
+# The SIMD paths of fixed-point models, in order (kml_simd.h: enum kml_path)
+SIMD_ISAS = ("sse2", "avx2")
+
+
+def simd_context(prog: Program) -> dict:
+    """The kernels with SIMD paths (paired dense layers with full tiles,
+    passes/lower.py) and the multiply-adds those paths take per call."""
+    ks = [k for k in prog.kernels if k.kind == "qdense" and k.params["tiles"].get("simd")]
+    macs = sum(k.params["k"] * k.params["tiles"]["count"] * k.params["tiles"]["width"]
+               for k in ks)
+    return {"simd_kernels": [k.fn for k in ks], "simd_macs": macs, "isas": SIMD_ISAS,
+            "simd": bool(ks)}
 
 
 def hook_owner(prog: Program):

@@ -35,7 +35,8 @@ C_RESERVED = {
     "typedef", "union", "unsigned", "void", "volatile", "while",
     # names the templates use for parameters and locals
     "in", "out", "workspace", "ws", "ret", "a", "b", "c", "x", "y", "i", "j", "k", "o", "q",
-    "acc", "m", "s", "best", "v", "e", "n", "t", "xk", "ak", "w", "w_tail", "r",
+    "acc", "m", "s", "best", "v", "e", "n", "t", "xk", "ak", "w", "w_tail", "r", "xx", "x0",
+    "x1", "sat",
     *(f"{p}{i}" for p in "apsv" for i in range(16)),
 }
 
@@ -93,6 +94,15 @@ QDENSE_TILE = 4
 # run time (kml_pack2: w[k][2j] + w[k][2j+1] * 2^32) adds both products;
 # kml_unpack2 in kml_fixed.h takes the sums apart exactly.  Half the
 # multiplies, no extra bytes.  Four pairs (eight outputs) per tile.
+#
+# The same layers have SIMD paths (kml_simd.h): pmaddwd multiplies eight
+# int16 pairs and adds each two adjacent products, so the weights of a
+# paired layer are stored in input pairs, [tile][k / 2][output][k % 2]
+# (a zero weight after an odd K's last input), which one vector load feeds
+# to pmaddwd against (x[2k'], x[2k' + 1]) broadcast, and which the scalar
+# path reads as well: one copy of the weights for every path.  The sums
+# are exact modulo 2^32 in any order, hence exact (the proof bounds them
+# by 2^31), so every path computes the same integers.
 PAIR_TILE = 8
 
 
@@ -208,11 +218,16 @@ class _Lowering:
                       data, value=f"{role} of kernel k{len(self.kernels)}")
 
     def tiles(self, wkn: np.ndarray, dtype, width: int, value: str, unit: str = "outputs",
-              merge: bool = True, last_in_tail: bool = False) -> tuple[dict, dict]:
+              merge: bool = True, last_in_tail: bool = False,
+              in_pairs: bool = False) -> tuple[dict, dict]:
         """Input-major weights ``wkn`` [K, N] cut into tiles of ``width``
         outputs: operands ``w`` [T][K][width] for the T full tiles and
         ``w_tail`` [K][R] for the R = N % width outputs left (either may be
-        absent), and the tiling parameters."""
+        absent), and the tiling parameters.  ``in_pairs``: inputs in pairs
+        instead, ``w`` [T][K2][width][2] and ``w_tail`` [K2][R][2] with
+        K2 = floor(K / 2), [.][k2][n][j] holding input 2 * k2 + j's weight;
+        for an odd K, the last input's weights in ``w_last`` [T][width] and
+        ``w_tail_last`` [R]."""
         k, n = wkn.shape
         t, r = divmod(n, width)
         if t == 0 or (t == 1 and merge):  # below 2 * width: one block, one pass over x
@@ -220,20 +235,45 @@ class _Lowering:
         if last_in_tail and not r:  # the last column needs the tail's own code
             t, r = t - 1, width
         params = {"count": t, "width": width, "tail": r, "tail_start": t * width}
+        rows, inputs, row = k, f"{k} inputs", "input k's weights"
+        last = None
+        if in_pairs:
+            rows = k // 2
+            if k % 2:   # an odd K's last input: a row of its own (no padding)
+                last, wkn = wkn[k - 1], wkn[:k - 1]
+            # [K2][2][N] -> [K2][N][2]
+            wkn = wkn.reshape(rows, 2, n).transpose(0, 2, 1)
+            inputs = f"{rows} input pairs"
+            row = "inputs 2k and 2k + 1's weights ([n][j]: output n, input 2k + j)"
+            params["in_pairs"] = rows
+        else:
+            wkn = wkn.reshape(k, n, 1)
         out = {}
         idx = len(self.kernels)
+        squeeze = (lambda a: a) if in_pairs else (lambda a: a[..., 0])
         if t:
-            data = np.ascontiguousarray(wkn[:, :t * width].reshape(k, t, width).transpose(1, 0, 2),
-                                        dtype=dtype.np)
+            data = np.ascontiguousarray(
+                squeeze(wkn[:, :t * width].reshape(rows, t, width, -1).transpose(1, 0, 2, 3)),
+                dtype=dtype.np)
             out["w"] = Buffer(self.cname(f"k{idx}_w"), dtype, data.size, "const", data,
-                              value=value, layout=f"{t} tiles x {k} inputs x {width} {unit}: "
-                              f"[t][k] holds input k's weights for tile t")
+                              value=value, layout=f"{t} tiles x {inputs} x {width} {unit}: "
+                              f"[t][k] holds {row} for tile t")
+            if last is not None:
+                data = np.ascontiguousarray(last[:t * width].reshape(t, width), dtype=dtype.np)
+                out["w_last"] = Buffer(self.cname(f"k{idx}_w_last"), dtype, data.size, "const",
+                                       data, value=value, layout=f"{t} tiles x {width} {unit}: "
+                                       f"input {k - 1}'s weights (the odd one out)")
         if r:
-            data = np.ascontiguousarray(wkn[:, t * width:], dtype=dtype.np)
+            data = np.ascontiguousarray(squeeze(wkn[:, t * width:]), dtype=dtype.np)
             what = f"{unit} {t * width} to {n - 1}" if t else f"{n} {unit}"
-            out["w_tail"] = Buffer(self.cname(f"k{idx}_w" + ("_tail" if t else "")), dtype,
-                                   data.size, "const", data, value=value,
-                                   layout=f"{k} inputs x {what}: row k holds input k's weights")
+            tail = "_tail" if t else ""
+            out["w_tail"] = Buffer(self.cname(f"k{idx}_w{tail}"), dtype, data.size, "const",
+                                   data, value=value,
+                                   layout=f"{inputs} x {what}: row k holds {row}")
+            if last is not None:
+                data = np.ascontiguousarray(last[t * width:], dtype=dtype.np)
+                out["w_tail_last"] = Buffer(self.cname(f"k{idx}_w{tail}_last"), dtype, data.size,
+                                            "const", data, value=value)
         return out, params
 
     def operand(self, v: Value, role: str) -> Buffer:
@@ -315,10 +355,21 @@ class _Lowering:
         # Tiles of outputs: x[k] is loaded once per tile, the tile's
         # accumulators stay in registers, its weights are adjacent.
         wkn = np.asarray(w.data, np.int64).T
-        pairs = a["acc"] == "i32" and n >= 2
-        wtiles, tiling = self.tiles(wkn, w.type.dtype, PAIR_TILE if pairs else QDENSE_TILE,
-                                    w.name)
+        pairs = a["acc"] == "i32" and n >= 2 and k >= 2
+        # Weights in input pairs, tiles of 8 from 8 outputs up: the SIMD paths
+        # take the full tiles, summing in int32 lanes (paired layers) or, where
+        # the proof needs int64, each pmaddwd's int32 pair sums (exact: the
+        # weights are within +-32767, so |w0 x0 + w1 x1| < 2^31) in int64 lanes
+        in_pairs = k >= 2 and (pairs or n >= PAIR_TILE)
+        assert np.abs(wkn).max(initial=0) <= 32767, "weights beyond int16's symmetric range"
+        wtiles, tiling = self.tiles(wkn, w.type.dtype, PAIR_TILE if in_pairs else QDENSE_TILE,
+                                    w.name, merge=not in_pairs, in_pairs=in_pairs)
         tiling["pairs"] = pairs
+        tiling["simd"] = in_pairs and tiling["count"] > 0   # full tiles: the SIMD paths' share
+        # ... which requantize in vectors too (kml_requant8_avx2) for a plain
+        # clamp into int16; otherwise the scalar epilogue follows their sums
+        tiling["simd_epilogue"] = tiling["simd"] and pairs and a["mode"] == "clamp" \
+            and "mult_neg" not in a and y.dtype == I16
         ops = {"x": self.operand(x, "x"), **wtiles, "b": self.const(b, "bias"),
                "rq": self.array("rq", rq_words(a["mult"], a["shift"]), U32)}
         if "mult_neg" in a:

@@ -134,6 +134,15 @@ def hook_tree(tree: Path) -> None:
     _append_once(tree / "lib" / "Makefile", "obj-$(CONFIG_KUNIT) += kmlc/")
 
 
+def cases(meta: dict | Path) -> int:
+    """The KUnit cases of a model's suite (its kmlc.json, or its OUTDIR):
+    one per golden vector, the bad-arguments case, and for a model with
+    SIMD paths (kml_simd.h) the every-path case."""
+    if not isinstance(meta, dict):
+        meta = json.loads((Path(meta) / "kmlc.json").read_text())
+    return meta["golden_vectors"] + 1 + bool(meta.get("simd_macs"))
+
+
 def stage_models(outdirs: list[Path]) -> list[dict]:
     """Copy each model's kunit/ into the stage; returns their manifests."""
     models = []
@@ -204,6 +213,10 @@ def run(outdirs: list[Path], *, arch: str = "um", jobs: int | None = None,
                f"--jobs={jobs or os.cpu_count() or 1}", "--raw_output=kunit"]
         if make_options:
             cmd += ["--make_options", *make_options]
+        if arch == "x86_64":
+            # every instruction set TCG emulates (AVX2 included): KUnit runs
+            # each SIMD path of fixed-point models
+            cmd += ["--qemu_args", "-cpu max"]
         proc = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         lines = []
@@ -256,7 +269,7 @@ def _summarize(lines: list[str], rc: int, models: list[dict], out) -> dict:
         tail = "".join(lines[-30:])
         raise KmlcError(f"kunit.py failed (exit {rc}) before running any kmlc suite",
                         details=tail)
-    expected = {m["module"]: m["golden_vectors"] + 1 for m in models}  # + the bad-args case
+    expected = {m["module"]: cases(m) for m in models}
     short = [n for n, v in suites.items() if sum(v.values()) != expected[n]]
     ok = rc == 0 and not missing and not short and all(v["failed"] == 0 for v in suites.values())
     parts = [f"{n}: {v['passed']} passed, {v['failed']} failed, {v['skipped']} skipped"

@@ -26,6 +26,14 @@ from ..passes.quantize import encode_rows
 CFLAGS = ["-std=gnu11", "-O2", "-fPIC", "-ffp-contract=off", "-fno-fast-math",
           "-fno-strict-aliasing", "-Wall", "-Wextra", "-Wno-unused-parameter",
           "-Wframe-larger-than=512"]
+# Fixed-point twins: no auto-vectorization, so that the scalar path is the
+# kernel's (whose integer code has no vector registers) in speed and stack;
+# the SIMD paths are explicit (kml_simd.h).
+FIXED_CFLAGS = ["-fno-tree-vectorize", "-fno-tree-slp-vectorize"]
+
+
+def cflags(fixed: bool) -> list[str]:
+    return CFLAGS + (FIXED_CFLAGS if fixed else [])
 
 
 def find_cc(cc: str | None = None) -> str:
@@ -51,7 +59,8 @@ def build_twin(userdir: Path, name: str, *, cc: str | None = None, extra=(),
     kmlc bug and fails the build like an error does."""
     cc = find_cc(cc)
     so = Path(out or userdir / f"libkml_{name}.so").resolve()
-    cmd = [cc, *CFLAGS, *extra, "-shared", "-o", str(so), *sources(userdir, name)]
+    fixed = (Path(userdir) / f"{name}_fx.c").is_file()
+    cmd = [cc, *cflags(fixed), *extra, "-shared", "-o", str(so), *sources(userdir, name)]
     res = subprocess.run(cmd, cwd=userdir, capture_output=True, text=True)
     if res.returncode != 0 or res.stderr.strip():
         what = "failed" if res.returncode else "warned"
@@ -152,6 +161,52 @@ class Twin:
         self._batch.restype = ctypes.c_int
         words = max(workspace, 8) // 8 + 1
         self._workspace = np.zeros(words, dtype=np.uint64)  # 8-byte aligned
+
+    # The paths of a fixed-point model (kml_simd.h), in enum kml_path's order
+    PATHS = ("scalar", "sse2", "avx2")
+
+    def _path_fn(self, what: str):
+        fn = getattr(self.lib, f"kml_{self.name}_{what}", None)
+        if fn is None:
+            raise KmlcError(f"model '{self.name}' has no SIMD paths (only fixed-point models "
+                            "with dense layers summed in int32 do)")
+        return fn
+
+    @property
+    def paths(self) -> list[str]:
+        """The paths this model has and this CPU runs, scalar first."""
+        fn = getattr(self.lib, f"kml_{self.name}_set_path", None)
+        if fn is None:
+            return ["scalar"]
+        ok = [p for i, p in enumerate(self.PATHS) if fn(i) == 0]
+        fn(-1 if self._forced is None else self.PATHS.index(self._forced))  # as it was
+        return ok
+
+    _forced = None
+
+    def set_path(self, path: str | None) -> None:
+        """Force a path ("scalar", "sse2", "avx2"), or None for the best the
+        CPU has; a path the CPU lacks is an error."""
+        if path is not None and path not in self.PATHS:
+            raise KmlcError(f"unknown path {path!r}; choose from {', '.join(self.PATHS)}")
+        ret = self._path_fn("set_path")(-1 if path is None else self.PATHS.index(path))
+        if ret:
+            raise KmlcError(f"this CPU has no {path} path")
+        self._forced = path
+
+    @property
+    def path(self) -> str:
+        """The path a call takes (the forced one, or the CPU's best)."""
+        fn = getattr(self.lib, f"kml_{self.name}_get_path", None)
+        return self.PATHS[fn()] if fn is not None else "scalar"
+
+    def path_calls(self) -> dict[str, int]:
+        """Calls per path since the library was loaded."""
+        fn = getattr(self.lib, f"kml_{self.name}_path_calls", None)
+        if fn is None:
+            return {}
+        fn.restype = ctypes.c_uint64
+        return {p: int(fn(i)) for i, p in enumerate(self.PATHS)}
 
     @property
     def fixed(self) -> dict | None:

@@ -235,8 +235,9 @@ def test_modules_build_and_checkpatch_clean(built):
 def test_kunit_uml(built):
     res = kunit.run([d for d, _, _ in built.values()], arch="um")
     assert res["ok"], res["summary"]
-    for _, tag, _ in built.values():
-        assert res["suites"][f"kml_{tag}"]["passed"] == GOLDEN + 1, res["summary"]
+    for d, tag, _ in built.values():
+        assert res["suites"][f"kml_{tag}"]["passed"] == kunit.cases(d) >= GOLDEN + 1, \
+            res["summary"]
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ accuracy against the float model, bit-exactness against kmlc's integer
 evaluator and across compilers, sanitizers over 100,000 hostile inputs, an
 FPU-free module, and KUnit on UML and on a real x86_64 kernel, whose
 golden vectors take both paths."""
+import json
 import re
 import subprocess
 
@@ -161,22 +162,41 @@ FP_INSN = re.compile(r"\b[xyz]mm\d+\b|\bf(?:ld|st|add|sub|mul|div)\w*\b|\bcvt\w+
                      r"\b(?:ld|st)mxcsr\b|\bx?save\b|\bmovs[sd]\b")
 
 
+SIMD_FN = re.compile(r"_(sse2|avx2)$")
+
+
 @pytest.mark.kernel
 @pytest.mark.parametrize("name", MODELS)
 def test_module_has_no_floating_point(fixed, name):
+    """Every object is built with the kernel's integer flags; vector
+    registers appear only in the SIMD paths' functions (kml_simd.h, target
+    attributes), which only kml_<name>_infer enters, inside
+    kernel_fpu_begin/end; everything else has no FP or vector instruction."""
     d, _ = fixed[name]
     ko = kernel.build_module(d / "kernel")
     assert "CFLAGS_" not in (d / "kernel" / "Kbuild").read_text()
     core = f"{name}_fx_fx"  # the model is named <name>_fx; its integer math is <model>_fx.c
     cmd = (d / "kernel" / f".{core}.o.cmd").read_text()
     assert "-mno-sse" in cmd and "-msse " not in cmd and "-mhard-float" not in cmd
-    for obj in [ko] + sorted((d / "kernel").glob("*.o")):
-        asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", obj], capture_output=True,
-                             text=True, check=True).stdout
-        assert f"<kml_{core}_forward>:" in asm or obj.name != f"{core}.o"
-        hits = FP_INSN.findall(asm)
-        assert not hits, (obj.name, hits[:5])
-    assert not {"kernel_fpu_begin_mask", "kernel_fpu_end"} & set(kernel.undefined_symbols(ko))
+    asm = subprocess.run(["objdump", "-dr", "--no-show-raw-insn", ko], capture_output=True,
+                         text=True, check=True).stdout
+    funcs = dict(re.findall(r"^[0-9a-f]+ <([^>]+)>:\n(.*?)(?=^[0-9a-f]+ <|\Z)", asm, re.M | re.S))
+    has_simd = bool(json.loads((d / "kmlc.json").read_text())["simd_macs"])
+    assert f"kml_{core}_forward" in funcs
+    assert has_simd == (f"kml_{core}_forward_avx2" in funcs)
+    simd = [f for f in funcs if SIMD_FN.search(f.split(".")[0])]
+    assert any(FP_INSN.search(funcs[f]) for f in simd) == has_simd
+    for f, body in funcs.items():
+        if f not in simd:
+            assert not FP_INSN.findall(body), (f, FP_INSN.findall(body)[:5])
+        calls = set(re.findall(r"R_X86_64_PLT32\s+(\w+)", body))
+        if calls & {"kernel_fpu_begin_mask"} or calls & {f"kml_{core}_forward_{i}"
+                                                         for i in ("sse2", "avx2")}:
+            assert f == f"kml_{name}_fx_infer", f
+    infer = funcs[f"kml_{name}_fx_infer"]
+    assert ("irq_fpu_usable" in infer and "kernel_fpu_end" in infer) == has_simd
+    if not has_simd:
+        assert not {"kernel_fpu_begin_mask", "kernel_fpu_end"} & set(kernel.undefined_symbols(ko))
 
 
 def test_kernel_c_standards(fixed, tmp_path):
@@ -197,7 +217,8 @@ def test_kunit_uml(fixed):
     res = kunit.run([d for d, _ in fixed.values()], arch="um")
     assert res["ok"], res["summary"]
     for name in MODELS:
-        assert res["suites"][f"kml_{name}_fx"]["passed"] == GOLDEN + 1
+        # the golden vectors, bad arguments, and every path (SIMD models)
+        assert res["suites"][f"kml_{name}_fx"]["passed"] == GOLDEN + 2
 
 
 @pytest.mark.kunit
@@ -209,8 +230,9 @@ def test_kunit_x86_64_fixed_and_float(fixed, tmp_path):
              golden_data=seed_models.sample_inputs("readahead", GOLDEN, seed=24))
     res = kunit.run([d for d, _ in fixed.values()] + [fp], arch="x86_64")
     assert res["ok"], res["summary"]
-    for suite in [f"kml_{n}_fx" for n in MODELS] + ["kml_readahead_fp"]:
-        assert res["suites"][suite]["passed"] == GOLDEN + 1, res["summary"]
+    for n in MODELS:      # the golden vectors, bad arguments, every path
+        assert res["suites"][f"kml_{n}_fx"]["passed"] == GOLDEN + 2, res["summary"]
+    assert res["suites"]["kml_readahead_fp"]["passed"] == GOLDEN + 1, res["summary"]
 
 
 @pytest.mark.kernel

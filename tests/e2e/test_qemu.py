@@ -158,6 +158,40 @@ def test_hooks_in_debug_kernel(hooked):
     check_hooks(res, dirs)
 
 
+SIMD_SCRIPT = """
+set -e
+p=/sys/module/$KML_MODULE/parameters
+d=/sys/kernel/debug/$KML_MODULE/paths
+[ "$(cat $p/simd)" = avx2 ]             # qemu -cpu max has AVX2: the best path
+[ "$(cat $p/simd_min_macs)" = 512 ]
+# the self-test ran its 8 golden vectors on each path, nothing was kept scalar
+[ "$(cat $d)" = "$(printf 'scalar 8\\nsse2 8\\navx2 8\\nbusy 0')" ]
+echo sse2 > $p/simd && [ "$(cat $p/simd)" = sse2 ]
+if echo neon > $p/simd 2>/dev/null; then exit 4; fi
+[ "$(cat $p/simd)" = sse2 ]              # a refused value changes nothing
+echo auto > $p/simd && [ "$(cat $p/simd)" = avx2 ]
+echo 100000 > $p/simd_min_macs && [ "$(cat $p/simd)" = scalar ]
+"""
+
+
+@pytest.mark.kernel
+def test_simd_paths_in_real_kernel(tmp_path):
+    """A fixed-point model with SIMD paths in Debian's 6.1 kernel: the
+    self-test runs every path (debugfs "paths" counts them), the module
+    parameters show and force the path, refuse a path that does not exist,
+    and simd_min_macs turns SIMD off."""
+    d = tmp_path / "heimdall_simd"
+    kcompile(EXAMPLES / "heimdall.onnx", d, name="heimdall_simd", targets="kernel",
+             numerics="fixed", calibration=seed_models.sample_inputs("heimdall", 1000, seed=41))
+    assert json.loads((d / "kmlc.json").read_text())["simd_macs"] >= 512
+    script = tmp_path / "simd.sh"
+    script.write_text(SIMD_SCRIPT)
+    res = qemu.run([d], script=script)
+    assert res["ok"], "\n".join(res["lines"])
+    for path in ("scalar", "sse2", "avx2"):
+        assert f"8/8 golden vectors bit-identical to the twin ({path} path)" in res["log"]
+
+
 SCRIPT = """
 set -e
 case $KML_MODULE in

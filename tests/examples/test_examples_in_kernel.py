@@ -69,7 +69,9 @@ def test_examples_kunit_uml(compiled):
     res = kunit.run(list(compiled.values()), arch="um")
     assert res["ok"], res["summary"]
     for name in CASES:
-        assert res["suites"][f"kml_{name}"]["passed"] == GOLDEN + 1, res["summary"]
+        assert res["suites"][f"kml_{name}"]["passed"] == kunit.cases(compiled[name]), \
+            res["summary"]
+        assert kunit.cases(compiled[name]) >= GOLDEN + 1
 
 
 @pytest.mark.kernel

@@ -70,9 +70,15 @@ def test_fixed_pairs_are_the_integer_reference(h, bits, tmp_path):
     assert np.array_equal(twin.run_raw(raw), ref.astype(np.int32))
     dense = [k for k in res.program.kernels if k.kind == "qdense"]
     paired = [k for k in dense if k.params["tiles"]["pairs"]]
-    # pairs exactly where the proof puts every sum in int32
-    assert paired == [k for k in dense if k.params["n"] >= 2 and k.params["acc"] == "i32"]
+    # pairs exactly where the proof puts every sum in int32 (with two
+    # outputs and two inputs at least: the weights are in input pairs)
+    assert paired == [k for k in dense if k.params["n"] >= 2 and k.params["k"] >= 2
+                      and k.params["acc"] == "i32"]
     assert paired or bits == "16"
+
+
+# weight arrays: tiles, tails, and an odd input count's last input (in pairs)
+WEIGHTS = ("_w", "_w_tail", "_w_last", "_w_tail_last")
 
 
 @pytest.mark.parametrize("bits", ["8", "16"])
@@ -86,7 +92,7 @@ def test_fixed_weights_are_stored_at_their_width(bits, tmp_path):
     res = kcompile(m, tmp_path / "o", targets="user", numerics="fixed",
                    calibration=rows(11, 2000, seed=1), name="wd", weight_bits=bits)
     dt = np.int8 if bits == "8" else np.int16
-    w = [b for b in res.program.buffers("const") if b.name.endswith(("_w", "_w_tail"))]
+    w = [b for b in res.program.buffers("const") if b.name.endswith(WEIGHTS)]
     assert sum(b.data.size for b in w) == 11 * 128 + 128 * 16 + 16
     assert all(b.data.dtype == dt for b in w)
     header = (tmp_path / "o" / "user" / "wd.h").read_text()
@@ -99,5 +105,5 @@ def test_fixed_weights_are_stored_at_their_width(bits, tmp_path):
              if len(ln.split()) == 4 and ln.split()[2] in "rR"}
     model = {n: s for n, s in sizes.items() if n.startswith("k") and "_" in n}
     assert sum(model.values()) == declared, (model, declared)
-    assert sum(s for n, s in model.items() if n.endswith(("_w", "_w_tail"))) == \
+    assert sum(s for n, s in model.items() if n.endswith(WEIGHTS)) == \
         (11 * 128 + 128 * 16 + 16) * dt().itemsize
