@@ -1,7 +1,8 @@
 # kmlc: the benchmark suite (README, "Benchmarks").  Setup and tests are
 # scripts/bootstrap.sh's job; run `bash scripts/bootstrap.sh test` first.
 #
-#   make bench                      everything, about 4 minutes on 2 cores
+#   make bench                      everything, about 5 minutes on 2 cores:
+#                                   benchmarks/results/{benchmarks,authors_peers,fpu_cost}.md
 #   make bench BENCH_ARGS="--models heimdall --sweep none --rounds 3"
 #   make fuzz                       5,000 fuzz cases, about an hour on 2 cores
 #
@@ -20,6 +21,8 @@ FUZZ_ARGS ?=
 .PHONY: bench fuzz
 bench: .venv/.kmlc-bench-deps
 	KMLC_BENCH_COMMAND="make bench $(BENCH_ARGS)" $(PYTHON) benchmarks/bench.py $(BENCH_ARGS)
+	$(PYTHON) benchmarks/authors_peers.py
+	$(PYTHON) benchmarks/fpu_cost.py
 
 .venv/.kmlc-bench-deps: setup.py
 	@test -x $(PYTHON) || { echo "no $(PYTHON): run 'bash scripts/bootstrap.sh test' first" >&2; exit 1; }

@@ -337,7 +337,7 @@ def boot(initramfs: bytes, kernel: Kernel, *, timeout: int = 600,
                "-nographic", "-no-reboot", "-monitor", "none", "-accel", "tcg,thread=single",
                # every instruction set TCG emulates (AVX2 included), so that the
                # self-test runs each SIMD path of fixed-point models
-               "-cpu", "max"]
+               "-cpu", os.environ.get("KMLC_QEMU_CPU", "max")]
         # TCG only: /dev/kvm can exist where KVM does not work (nested VMs), and
         # a test that hangs is worse than one that takes 10 seconds more.
         try:
