@@ -216,7 +216,7 @@ def run(outdirs: list[Path], *, arch: str = "um", jobs: int | None = None,
         if arch == "x86_64":
             # every instruction set TCG emulates (AVX2 included): KUnit runs
             # each SIMD path of fixed-point models
-            cmd += ["--qemu_args", "-cpu max"]
+            cmd += ["--qemu_args", "-cpu max,la57=off"]
         proc = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         lines = []
