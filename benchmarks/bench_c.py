@@ -117,7 +117,6 @@ def link(exe: Path, work: Path, objs: list[Path], header: str, incs: list[Path],
     return exe
 
 
-PATHS = ("scalar", "sse2", "avx2")   # kml_simd.h's enum kml_path
 # in[] and out[] element types (kmlc.json's in_dtype, out_dtype) in C
 C_TYPES = {"f32": "float", "i32": "int", "i64": "long long", "bool": "unsigned char"}
 
@@ -153,7 +152,9 @@ def build_kmlc(outdir: Path, name: str, numerics: str, mode: str, kflags: dict |
     if meta["out_dtype"] != meta["in_dtype"]:
         hdr += f"#define BENCH_OUT_T {C_TYPES[meta['out_dtype']]}\n"
     if mode == "kernel" and f"kml_{name}_set_path" in (user / f"{name}.h").read_text():
-        hdr += (f"#define BENCH_SETUP() do {{ if (kml_{name}_set_path({PATHS.index(path)})) "
+        from kmlc.targets.user import Twin
+
+        hdr += (f"#define BENCH_SETUP() do {{ if (kml_{name}_set_path({Twin.PATHS.index(path)})) "
                 "exit(5); } while (0)\n")
     return link(work / "timing", work, objs, hdr, [user])
 

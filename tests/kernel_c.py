@@ -78,6 +78,7 @@ def check_checkpatch_clean(directory: Path, strict: bool = False) -> None:
 
 DRIVER = r"""
 #include <stdio.h>
+#include <stdlib.h>
 #include "{name}.h"
 
 int main(int argc, char **argv)
@@ -104,5 +105,4 @@ def infer_driver(name: str, in_t: str = "s32", out_t: str = "s32", path_arg: boo
     ``path_arg``: a third argument forces the SIMD path (kml_simd.h)."""
     force = (f"\n\tif (argc > 3 && kml_{name}_set_path(atoi(argv[3])))\n\t\treturn 4;\n"
              if path_arg else "")
-    text = DRIVER.format(name=name, NAME=name.upper(), in_t=in_t, out_t=out_t, force=force)
-    return text.replace("#include <stdio.h>", "#include <stdio.h>\n#include <stdlib.h>")
+    return DRIVER.format(name=name, NAME=name.upper(), in_t=in_t, out_t=out_t, force=force)

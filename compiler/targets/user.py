@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..codegen.emit import SIMD_ISAS
 from ..errors import KmlcError
 from ..passes.quantize import encode_rows
 
@@ -163,7 +164,7 @@ class Twin:
         self._workspace = np.zeros(words, dtype=np.uint64)  # 8-byte aligned
 
     # The paths of a fixed-point model (kml_simd.h), in enum kml_path's order
-    PATHS = ("scalar", "sse2", "avx2")
+    PATHS = ("scalar", *SIMD_ISAS)
 
     def _path_fn(self, what: str):
         fn = getattr(self.lib, f"kml_{self.name}_{what}", None)
