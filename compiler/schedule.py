@@ -22,6 +22,9 @@ import numpy as np
 
 from .ir import DType, TensorType, fmt_attr
 
+# The SIMD paths of fixed-point models, in order (kml_simd.h: enum kml_path)
+SIMD_ISAS = ("sse2", "avx2")
+
 
 @dataclass(eq=False)
 class Buffer:

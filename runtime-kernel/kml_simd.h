@@ -211,20 +211,28 @@ static inline KML_TARGET_AVX2 void kml_last8_s16_avx2(kml_u32x8 *acc, const s16 
  * order (SSE2: four vectors of two per tile; AVX2: two of four).
  */
 
-static inline KML_TARGET_SSE2 void kml_widen_add_sse2(kml_s64x2 *acc, kml_u32x4 s)
+static inline KML_TARGET_SSE2 void kml_widen_add_sse2(kml_s64x2 *acc, const kml_u32x4 *s)
 {
-	kml_s32x4 v = (kml_s32x4)s;
+	kml_s32x4 v = (kml_s32x4)*s;
 
 	acc[0] += __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1), kml_s64x2);
 	acc[1] += __builtin_convertvector(__builtin_shufflevector(v, v, 2, 3), kml_s64x2);
 }
 
-static inline KML_TARGET_AVX2 void kml_widen_add_avx2(kml_s64x4 *acc, kml_u32x8 s)
+static inline KML_TARGET_AVX2 void kml_widen_add_avx2(kml_s64x4 *acc, const kml_u32x8 *s)
 {
-	kml_s32x8 v = (kml_s32x8)s;
+	kml_s32x8 v = (kml_s32x8)*s;
+	kml_s32x4 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3);
+	kml_s32x4 hi = __builtin_shufflevector(v, v, 4, 5, 6, 7);
 
-	acc[0] += __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), kml_s64x4);
-	acc[1] += __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), kml_s64x4);
+#ifdef __clang__
+	acc[0] += __builtin_convertvector(lo, kml_s64x4);
+	acc[1] += __builtin_convertvector(hi, kml_s64x4);
+#else
+	/* one vpmovsxdq each (gcc would split the conversion in halves) */
+	acc[0] += (kml_s64x4)__builtin_ia32_pmovsxdq256(lo);
+	acc[1] += (kml_s64x4)__builtin_ia32_pmovsxdq256(hi);
+#endif
 }
 
 /* A tile's eight int64 sums, in order. */
@@ -338,6 +346,85 @@ kml_requant8_avx2(kml_u32x8 acc, const s32 *b, const u32 *rq, s16 *y, bool relu,
 	v = (v & ~neg) | (hi & neg);
 	out = __builtin_convertvector(v, kml_s16x8);
 	__builtin_memcpy(y, &out, sizeof(out));
+}
+
+/*
+ * The same epilogue for sums the proof keeps in int64 (a layer of int16
+ * weights over int16 inputs): two (SSE2) or four (AVX2) outputs per call,
+ * each lane kml_requant (or kml_requant_relu) of acc[i] + b[i] exactly as
+ * kml_fixed.h computes it: the magnitude times the multiplier as two
+ * pmuludq, of its low and of its high 32 bits (exact: the proof bounds
+ * |acc| * mult below 2^63, kml_requant's own precondition), the rounding
+ * constant and the per-lane shift in 64 bits, the sign back; then the
+ * zero point, the counts (per lane, in *sat) and the clamp, in 64-bit
+ * lanes, and the low 16 bits stored.
+ */
+static inline KML_TARGET_SSE2 void
+kml_requant2_s64_sse2(const kml_s64x2 *acc, const s64 *b, const u32 *rq, s16 *y, bool relu,
+		      s32 zp, s32 lo, s32 hi, bool count_lo, bool count_hi, kml_s64x2 *sat)
+{
+	kml_u64x2 one = { 1, 1 }, w = { rq[0], rq[1] }, sh = w & 63, m;
+	kml_s64x2 v, neg;
+
+	__builtin_memcpy(&v, b, sizeof(v));
+	v += *acc;
+	neg = v < 0;
+	m = (kml_u64x2)(relu ? v & ~neg : (v ^ neg) - neg);
+	m = (kml_u64x2)__builtin_ia32_pmuludq128((kml_s32x4)m, (kml_s32x4)(w >> 6)) +
+	    ((kml_u64x2)__builtin_ia32_pmuludq128((kml_s32x4)(m >> 32),
+						  (kml_s32x4)(w >> 6)) << 32);
+	v = (kml_s64x2)((m + ((one << sh) >> 1)) >> sh);
+	v = (relu ? v : (v ^ neg) - neg) + zp;
+	*sat -= (v > 32767) & -(s64)count_hi;
+	*sat -= (v < -32768) & -(s64)count_lo;
+	neg = v < lo;
+	v = (v & ~neg) | (lo & neg);
+	neg = v > hi;
+	v = (v & ~neg) | (hi & neg);
+	y[0] = (s16)v[0];
+	y[1] = (s16)v[1];
+}
+
+static inline KML_TARGET_AVX2 void
+kml_requant4_s64_avx2(const kml_s64x4 *acc, const s64 *b, const u32 *rq, s16 *y, bool relu,
+		      s32 zp, s32 lo, s32 hi, bool count_lo, bool count_hi, kml_s64x4 *sat)
+{
+	kml_u64x4 one = { 1, 1, 1, 1 }, w, sh, m;
+	kml_s64x4 v, neg;
+	kml_u32x4 r;
+	kml_s16x4 out;
+
+	__builtin_memcpy(&r, rq, sizeof(r));
+	w = __builtin_convertvector(r, kml_u64x4);
+	sh = w & 63;
+	__builtin_memcpy(&v, b, sizeof(v));
+	v += *acc;
+	neg = v < 0;
+	m = (kml_u64x4)(relu ? v & ~neg : (v ^ neg) - neg);
+	m = (kml_u64x4)__builtin_ia32_pmuludq256((kml_s32x8)m, (kml_s32x8)(w >> 6)) +
+	    ((kml_u64x4)__builtin_ia32_pmuludq256((kml_s32x8)(m >> 32),
+						  (kml_s32x8)(w >> 6)) << 32);
+	v = (kml_s64x4)((m + ((one << sh) >> 1)) >> sh);
+	v = (relu ? v : (v ^ neg) - neg) + zp;
+	*sat -= (v > 32767) & -(s64)count_hi;
+	*sat -= (v < -32768) & -(s64)count_lo;
+	neg = v < lo;
+	v = (v & ~neg) | (lo & neg);
+	neg = v > hi;
+	v = (v & ~neg) | (hi & neg);
+	/* the low 16 bits of each lane (gcc would convert lane by lane) */
+	out = __builtin_shufflevector((kml_s16x16)v, (kml_s16x16)v, 0, 4, 8, 12);
+	__builtin_memcpy(y, &out, sizeof(out));
+}
+
+static inline KML_TARGET_SSE2 unsigned int kml_sat_total64_sse2(kml_s64x2 sat)
+{
+	return (u32)sat[0] + (u32)sat[1];
+}
+
+static inline KML_TARGET_AVX2 unsigned int kml_sat_total64_avx2(kml_s64x4 sat)
+{
+	return (u32)sat[0] + (u32)sat[1] + (u32)sat[2] + (u32)sat[3];
 }
 
 static inline KML_TARGET_SSE2 unsigned int kml_sat_total_sse2(kml_s32x4 sat)

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import __version__
 from ..ir import c_identifier, c_text
-from ..schedule import Buffer, Kernel, Program
+from ..schedule import SIMD_ISAS, Buffer, Kernel, Program
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 LINE = 90  # wrap initializers before checkpatch's 100 columns
@@ -408,10 +408,6 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         "hooks": list(getattr(prog, "hooks", ()) or ()), **binding_context(prog),
         **simd_context(prog),
     }
-
-
-# The SIMD paths of fixed-point models, in order (kml_simd.h: enum kml_path)
-SIMD_ISAS = ("sse2", "avx2")
 
 
 def simd_context(prog: Program) -> dict:

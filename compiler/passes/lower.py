@@ -25,7 +25,7 @@ from ..errors import KmlcError
 from ..ir import BOOL, DTYPES, F32, I16, I32, I64, U8, U32, DType, Graph, Value, c_identifier, \
     fresh_namer
 from ..ops import ELEMENTWISE
-from ..schedule import Buffer, Kernel, Port, Program
+from ..schedule import SIMD_ISAS, Buffer, Kernel, Port, Program
 
 C_RESERVED = {
     # C keywords
@@ -366,10 +366,14 @@ class _Lowering:
                                     w.name, merge=not in_pairs, in_pairs=in_pairs)
         tiling["pairs"] = pairs
         tiling["simd"] = in_pairs and tiling["count"] > 0   # full tiles: the SIMD paths' share
-        # ... which requantize in vectors too (kml_requant8_avx2) for a plain
-        # clamp into int16; otherwise the scalar epilogue follows their sums
-        tiling["simd_epilogue"] = tiling["simd"] and pairs and a["mode"] == "clamp" \
-            and "mult_neg" not in a and y.dtype == I16
+        # ... which requantize in vectors too, on the paths listed, for a
+        # plain clamp into int16: int32 sums on both (kml_requant8_avx2),
+        # int64 sums on AVX2 only (kml_requant4_s64_avx2: SSE2 has neither
+        # 64-bit compares nor per-lane 64-bit shifts, and its scalar
+        # epilogue measured faster); otherwise the scalar epilogue follows
+        vector = tiling["simd"] and a["mode"] == "clamp" and "mult_neg" not in a \
+            and y.dtype == I16
+        tiling["simd_epilogue"] = (SIMD_ISAS if pairs else ("avx2",)) if vector else ()
         ops = {"x": self.operand(x, "x"), **wtiles, "b": self.const(b, "bias"),
                "rq": self.array("rq", rq_words(a["mult"], a["shift"]), U32)}
         if "mult_neg" in a:

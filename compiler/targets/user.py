@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codegen.emit import SIMD_ISAS
+from ..schedule import SIMD_ISAS
 from ..errors import KmlcError
 from ..passes.quantize import encode_rows
 

@@ -23,7 +23,14 @@ GOLDEN = 64
 HOSTILE = 100_000
 
 
-MODELS = list(SEED_MODELS) + ["offset"]
+# Heimdall with int16 first-layer weights, as `--weight-bits auto` picks on
+# some calibrations: int64 sums on the SIMD paths (and AVX2's int64 epilogue)
+WIDE = "heimdall_w16"
+MODELS = list(SEED_MODELS) + ["offset", WIDE]
+
+
+def seed_of(name):
+    return "heimdall" if name == WIDE else name
 
 
 def offset_model():
@@ -51,13 +58,13 @@ def offset_rows(n, seed, far=False):
 def calibration(name):
     if name == "offset":
         return offset_rows(2000, 21)
-    return seed_models.sample_inputs(name, 2000, seed=21)
+    return seed_models.sample_inputs(seed_of(name), 2000, seed=21)
 
 
 def held_out(name, n=5000):
     if name == "offset":
         return offset_rows(n, 22, far=True)
-    return seed_models.sample_inputs(name, n, seed=22)
+    return seed_models.sample_inputs(seed_of(name), n, seed=22)
 
 
 @pytest.fixture(scope="session")
@@ -66,9 +73,11 @@ def fixed(tmp_path_factory):
     out = {}
     for name in MODELS:
         model, golden = (offset_model(), offset_rows(GOLDEN, 23, far=True)) if name == "offset" \
-            else (EXAMPLES / f"{name}.onnx", seed_models.sample_inputs(name, GOLDEN, seed=23))
+            else (EXAMPLES / f"{seed_of(name)}.onnx",
+                  seed_models.sample_inputs(seed_of(name), GOLDEN, seed=23))
         res = kcompile(model, root / name, name=f"{name}_fx", numerics="fixed",
-                       calibration=calibration(name), golden_data=golden, golden_count=GOLDEN)
+                       calibration=calibration(name), golden_data=golden, golden_count=GOLDEN,
+                       weight_bits="16,8,8" if name == WIDE else "auto")
         out[name] = (root / name, res.program)
     return out
 
@@ -253,6 +262,8 @@ def test_modules_build_with_llvm(fixed, tmp_path):
         "fp": (EXAMPLES / "heimdall.onnx", {}),
         "fx": (EXAMPLES / "nfs_rsize.onnx", {"numerics": "fixed",
                                              "calibration": calibration("nfs_rsize")}),
+        "wide": (EXAMPLES / "heimdall.onnx", {"numerics": "fixed", "weight_bits": "16,8,8",
+                                              "calibration": calibration("heimdall")}),
         "admit": (EXAMPLES / "heimdall.onnx", {"numerics": "fixed", "hooks": ["admission"],
                                                "calibration": calibration("heimdall")}),
         "rafx": (ra, {"numerics": "fixed", "calibration": ra_cal, "hooks": ["readahead"]}),

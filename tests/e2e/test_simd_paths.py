@@ -71,8 +71,11 @@ def hostile(n_in, n, seed):
 
 
 # int16 weights make int64 sums: "16,8,8" mixes such a layer (int64 lanes,
-# scalar epilogue) with int32 ones
-@pytest.fixture(scope="module", params=[(s, "auto") for s in SPECS] + [("odd", "16,8,8")],
+# a ReLU's epilogue: on AVX2 in vectors, on SSE2 scalar) with int32 ones;
+# "clamps" all int16 puts Clip and a plain clamp (both ends counted) on
+# int64 lanes too
+@pytest.fixture(scope="module", params=[(s, "auto") for s in SPECS] +
+                [("odd", "16,8,8"), ("clamps", "16,16,16,16")],
                 ids=lambda p: f"{p[0]}-w{p[1]}")
 def compiled(request, tmp_path_factory):
     spec, bits = request.param
@@ -108,6 +111,17 @@ def test_models_reach_every_shape(compiled):
     if name == "clamps":
         assert {k.params["mode"] for k in ks} >= {"clamp", "lut"}
         assert any(k.params["mode"] == "clamp" and not k.params.get("relu") for k in ks)
+    # the vector epilogue: int32 sums on both paths, int64 sums on AVX2 only
+    for k in ks:
+        vector = k.params["mode"] == "clamp" and "rq_neg" not in k.operands
+        want = () if not vector else ("sse2", "avx2") if k.params["acc"] == "i32" else ("avx2",)
+        assert tuple(k.params["tiles"]["simd_epilogue"]) == want, k.fn
+    # ... which the int16 models reach: a ReLU (odd), Clip and none (clamps)
+    wide = {bool(k.params.get("relu")) for k in ks
+            if k.params["acc"] == "i64" and k.params["tiles"]["simd_epilogue"]}
+    bits = list(prog.quant.weight_bits.values())
+    assert wide == ({True} if bits[0] == 16 and name == "odd" else
+                    {False} if bits[0] == 16 else set()), wide
 
 
 def test_every_path_is_the_integer_evaluator(compiled):
