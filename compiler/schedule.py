@@ -104,9 +104,22 @@ class Program:
     def out_elems(self) -> int:
         return sum(p.buffer.numel for p in self.outputs)
 
+    def weight_set(self) -> list[Buffer]:
+        """The constants in the order of the weight set's struct members
+        (kml_<core>_weights): larger elements first, so that no member needs
+        padding before it, and in program order otherwise."""
+        return sorted(self.buffers("const"), key=lambda b: -b.dtype.size)
+
     @property
     def weight_bytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers("const"))
+        """sizeof the weight set: its members, and the padding that rounds
+        the struct up to its largest element (1 B of padding when the model
+        has no constants: C has no empty structs)."""
+        cs = self.weight_set()
+        if not cs:
+            return 1
+        align = cs[0].dtype.size
+        return -(-sum(b.nbytes for b in cs) // align) * align
 
     def __str__(self) -> str:
         lines = [f"schedule @{self.name} {self.numerics} {{"]

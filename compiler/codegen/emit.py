@@ -48,14 +48,20 @@ def idx(terms, zero=()) -> str:
     return " + ".join(parts) or "0"
 
 
+def cref(buf: Buffer) -> str:
+    """How a kernel names buffer ``buf``: a constant is a member of the
+    weight set the kernel is given (``W``), anything else its parameter."""
+    return f"W->{buf.name}" if buf.kind == "const" else buf.name
+
+
 def at(role: str, buf: Buffer, terms, zero=()) -> str:
     """How a kernel spells element ``terms`` of operand ``role``."""
     if buf.kind == "const" and buf.data.ndim == 2:
         live = [(v, s) for v, s in terms if s != 0]
         (rv, rs), (cv, cs) = live
         assert rs == buf.data.shape[1] and cs == 1, (buf.name, terms)
-        return f"{buf.name}[{'0' if rv in zero else rv}][{'0' if cv in zero else cv}]"
-    return f"{buf.name if buf.kind == 'const' else role}[{idx(terms, zero)}]"
+        return f"{cref(buf)}[{'0' if rv in zero else rv}][{'0' if cv in zero else cv}]"
+    return f"{cref(buf) if buf.kind == 'const' else role}[{idx(terms, zero)}]"
 
 
 def act_call(act: str, params: dict, e: str, lanes: str = "") -> str:
@@ -120,18 +126,52 @@ def cwrap(line: str, limit: int = 100) -> str:
         else:
             cur += piece
         prev, col = i + 1, next_col
-    return "\n".join(out + [cur])
+    out.append(cur)
+    head = line[:line.index("(")].rstrip()
+    if width(out[0]) > limit and " " in head and "=" not in head:
+        # a declaration whose first parameter does not fit: its return
+        # type on a line of its own, as kernel style allows; for names too
+        # long even for that, the parameters on lines of their own
+        cut = head.rindex(" ")
+        rest = cwrap(line[cut + 1:], limit)
+        if width(rest.split("\n")[0]) > limit:
+            at = line.index("(")
+            lines, cur = [line[cut + 1:at + 1]], "\t"
+            for piece in line[at + 1:].split(", "):
+                if cur != "\t" and width(cur + ", " + piece) > limit:
+                    lines.append(cur + ",")
+                    cur = "\t" + piece
+                else:
+                    cur += (", " if cur != "\t" else "") + piece
+            rest = "\n".join(lines + [cur])
+        return line[:cut] + "\n" + rest
+    return "\n".join(out)
 
 
-def params(k: Kernel) -> str:
-    """The kernel function's parameters: its runtime operands, by role."""
-    out = []
+def declbreak(line: str, limit: int = 100) -> str:
+    """A declaration too long for one line: the name on a line of its own."""
+    if width(line) <= limit:
+        return line
+    decl = line.split("=")[0].rstrip()
+    cut = decl.rindex(" ")
+    return line[:cut] + "\n" + line[cut + 1:]
+
+
+def params(k: Kernel, weights: str) -> str:
+    """The kernel function's parameters: the weight set (``weights``, the
+    struct's C type) if it reads constants, then its runtime operands, by
+    role."""
+    out = [f"const {weights} *restrict W"] if reads_consts(k) else []
     for role, b in k.operands.items():
         if b.kind == "const":
             continue
         c = b.dtype.ctype
         out.append(f"{c} *restrict {role}" if role == "y" else f"const {c} *restrict {role}")
     return ", ".join(out)
+
+
+def reads_consts(k: Kernel) -> bool:
+    return any(b.kind == "const" for b in k.operands.values())
 
 
 def arg(b: Buffer) -> str:
@@ -195,7 +235,7 @@ def matmul_view(k: Kernel) -> dict:
         if p["alpha"] is not None:
             e = f"{cfloat(p['alpha'])} * {e}"
         if c is not None:
-            cv = f"kml_f32x4_load({name('c')} + j)"
+            cv = f"kml_f32x4_load({cref(ops['c']) if ops['c'].kind == 'const' else 'c'} + j)"
             e = f"{e} + {cfloat(p['beta'])} * {cv}" if p["beta"] is not None else f"{e} + {cv}"
         return e
 
@@ -323,8 +363,8 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined)
     env.filters.update(nest=nest, cfloat=cfloat, wrap_list=wrap_list, cwrap=cwrap,
                        macro_init=macro_init, positional=positional, ctext=c_text,
-                       ccomment=ccomment)
-    env.globals.update(cfloat=cfloat, idx=idx, at=at, act_call=act_call, params=params,
+                       ccomment=ccomment, cref=cref, declbreak=declbreak)
+    env.globals.update(cfloat=cfloat, idx=idx, at=at, act_call=act_call, reads_consts=reads_consts,
                        arg=arg, matmul_view=matmul_view, ewise_expr=ewise_expr, q_requant=q_requant, loop_vars=loop_vars, loops_zero=loops_zero,
                        initializer=initializer, bits_hex=bits_hex, version=__version__,
                        const_layout=const_layout, macro=macro, q_output=q_output,
@@ -398,9 +438,10 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         "prog": prog, "name": name, "NAME": name.upper(), "module": f"kml_{name}",
         "source": c_text(source), "sha256": sha256, "plan": prog.plan,
         "temps": sorted(prog.buffers("temp"), key=lambda b: b.offset),
-        "consts": prog.buffers("const"),
+        "consts": prog.weight_set(),
         "live": {r.name: (r.start, r.end) for r in prog.plan.requests},
         "user_cflags": user_cflags, "fixed": fixed, "core": core_name(prog),
+        "weights_t": f"struct kml_{core_name(prog)}_weights",
         "in_t": prog.in_dtype.ctype, "out_t": prog.out_dtype.ctype,
         "in_bits": BITS[prog.in_dtype.size][0], "out_bits": BITS[prog.out_dtype.size][0],
         "luts": luts, "counting": any(k.params.get("counts") for k in prog.kernels),
@@ -473,6 +514,7 @@ def render(prog: Program, targets: list[str], *, source: str, sha256: str,
     """All generated text files, keyed by path relative to OUTDIR."""
     env = environment()
     ctx = context(prog, source, sha256, user_cflags)
+    env.globals["params"] = lambda k: params(k, ctx["weights_t"])  # noqa: E731
     n = ctx["name"]
     model = model_sources(env, ctx)
     files: dict[str, str] = {}

@@ -91,7 +91,7 @@ def test_offset_model_takes_both_paths(fixed):
     d, prog = fixed["offset"]
     first = next(k for k in prog.kernels if k.kind == "qdense")
     assert "wide_bound" in first.params and first.params["wide_bound"] > 2**31
-    assert f"{first.fn}_wide(x, y);" in (d / "user" / "offset_fx_fx.c").read_text()
+    assert f"{first.fn}_wide(W, x, y);" in (d / "user" / "offset_fx_fx.c").read_text()
     g = prog.quant.int_graph
     twin = load(d)
     qin = g.ops[0]
