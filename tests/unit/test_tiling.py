@@ -108,3 +108,32 @@ def test_fixed_weights_are_stored_at_their_width(bits, tmp_path):
     assert sizes["kml_wd_fx_builtin"] == declared, (sizes, declared)
     others = sum(b.nbytes for b in res.program.buffers("const") if not b.name.endswith(WEIGHTS))
     assert 0 <= declared - others - (11 * 128 + 128 * 16 + 16) * dt().itemsize < 8
+
+
+def test_fixed_point_memory_targets(tmp_path):
+    """The fixed-point issue's memory targets, as kmlc.json reports them
+    (the sizes test_fixed_weights_are_stored_at_their_width checks with
+    nm): the Heimdall shape's weights plus workspace within 5,000 B with
+    the weights auto picks on the seed-21 rows, and the benchmark's LinnOS
+    shape's fixed weights at most 55% of its float weights, calibrated on
+    its digit rows (benchmarks/bench_models.py)."""
+    import json
+    import sys
+
+    from conftest import EXAMPLES, ROOT, seed_models
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_models
+
+    res = kcompile(EXAMPLES / "heimdall.onnx", tmp_path / "h", targets="user", numerics="fixed",
+                   calibration=seed_models.sample_inputs("heimdall", 2000, seed=21))
+    meta = json.loads((tmp_path / "h" / "kmlc.json").read_text())
+    assert set(res.program.quant.weight_bits.values()) == {8}
+    assert meta["weight_bytes"] + meta["workspace_bytes"] <= 5000, meta
+    lin = bench_models.spec("linnos")
+    size = {}
+    for numerics in ("float", "fixed"):
+        kcompile(lin.onnx_model(), tmp_path / numerics, targets="user", numerics=numerics,
+                 name="lin", calibration=lin.rows(2000, seed=5) if numerics == "fixed" else None)
+        size[numerics] = json.loads((tmp_path / numerics / "kmlc.json").read_text())["weight_bytes"]
+    assert size["fixed"] <= 0.55 * size["float"], size
