@@ -350,7 +350,8 @@ kml_requant8_avx2(kml_u32x8 acc, const s32 *b, const u32 *rq, s16 *y, bool relu,
 
 /*
  * The same epilogue for sums the proof keeps in int64 (a layer of int16
- * weights over int16 inputs): two (SSE2) or four (AVX2) outputs per call,
+ * weights over int16 inputs), on AVX2 only (SSE2 has neither 64-bit
+ * compares nor per-lane 64-bit shifts): four outputs per call,
  * each lane kml_requant (or kml_requant_relu) of acc[i] + b[i] exactly as
  * kml_fixed.h computes it: the magnitude times the multiplier as two
  * pmuludq, of its low and of its high 32 bits (exact: the proof bounds
@@ -359,32 +360,6 @@ kml_requant8_avx2(kml_u32x8 acc, const s32 *b, const u32 *rq, s16 *y, bool relu,
  * zero point, the counts (per lane, in *sat) and the clamp, in 64-bit
  * lanes, and the low 16 bits stored.
  */
-static inline KML_TARGET_SSE2 void
-kml_requant2_s64_sse2(const kml_s64x2 *acc, const s64 *b, const u32 *rq, s16 *y, bool relu,
-		      s32 zp, s32 lo, s32 hi, bool count_lo, bool count_hi, kml_s64x2 *sat)
-{
-	kml_u64x2 one = { 1, 1 }, w = { rq[0], rq[1] }, sh = w & 63, m;
-	kml_s64x2 v, neg;
-
-	__builtin_memcpy(&v, b, sizeof(v));
-	v += *acc;
-	neg = v < 0;
-	m = (kml_u64x2)(relu ? v & ~neg : (v ^ neg) - neg);
-	m = (kml_u64x2)__builtin_ia32_pmuludq128((kml_s32x4)m, (kml_s32x4)(w >> 6)) +
-	    ((kml_u64x2)__builtin_ia32_pmuludq128((kml_s32x4)(m >> 32),
-						  (kml_s32x4)(w >> 6)) << 32);
-	v = (kml_s64x2)((m + ((one << sh) >> 1)) >> sh);
-	v = (relu ? v : (v ^ neg) - neg) + zp;
-	*sat -= (v > 32767) & -(s64)count_hi;
-	*sat -= (v < -32768) & -(s64)count_lo;
-	neg = v < lo;
-	v = (v & ~neg) | (lo & neg);
-	neg = v > hi;
-	v = (v & ~neg) | (hi & neg);
-	y[0] = (s16)v[0];
-	y[1] = (s16)v[1];
-}
-
 static inline KML_TARGET_AVX2 void
 kml_requant4_s64_avx2(const kml_s64x4 *acc, const s64 *b, const u32 *rq, s16 *y, bool relu,
 		      s32 zp, s32 lo, s32 hi, bool count_lo, bool count_hi, kml_s64x4 *sat)
@@ -415,11 +390,6 @@ kml_requant4_s64_avx2(const kml_s64x4 *acc, const s64 *b, const u32 *rq, s16 *y,
 	/* the low 16 bits of each lane (gcc would convert lane by lane) */
 	out = __builtin_shufflevector((kml_s16x16)v, (kml_s16x16)v, 0, 4, 8, 12);
 	__builtin_memcpy(y, &out, sizeof(out));
-}
-
-static inline KML_TARGET_SSE2 unsigned int kml_sat_total64_sse2(kml_s64x2 sat)
-{
-	return (u32)sat[0] + (u32)sat[1];
 }
 
 static inline KML_TARGET_AVX2 unsigned int kml_sat_total64_avx2(kml_s64x4 sat)
