@@ -27,6 +27,7 @@ from .errors import KmlcError
 from .hooks import check_hook_params, check_hooks
 from .passes import banner, run_pipeline
 from .schedule import Program
+from .weightset import structure_hash
 
 TARGETS = ("kernel", "user", "kunit")
 NUMERICS = ("float", "fixed")
@@ -356,6 +357,8 @@ def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> di
         "out_dtype": prog.out_dtype.name,
         "workspace_bytes": prog.plan.workspace_bytes,
         "weight_bytes": prog.plan.weight_bytes,
+        # what a weight set must have been built for (compiler/weightset.py)
+        "structure_sha256": structure_hash(prog).hex(),
         "peak_live_bytes": prog.plan.peak_bytes,
         "kernels": len(prog.kernels),
         "golden_vectors": 0 if goldens is None else int(len(goldens[0])),
