@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -254,11 +255,53 @@ def _warnings(prog: Program) -> list[str]:
     return out
 
 
-def load(outdir):
-    """Open a compiled model's userspace twin (``kmlc.targets.user.Twin``)."""
+def pack(model, like, out, *, example_inputs=None, calibration: np.ndarray | None = None,
+         version: int = 1, params=None) -> dict:
+    """Write ``out``, a ``.kmlw`` weight set of ``model`` for the model
+    compiled in ``like`` (docs/weights.md): ``model`` is lowered with the
+    options recorded there (name, numerics; for fixed point the weight
+    widths and input encodings, and ``calibration`` rows), and refused, in
+    one line, unless its structure is the compiled one's."""
+    from .targets.user import read_manifest
+    from .weightset import pack as pack_blob
+
+    like, out = Path(like), Path(out)
+    meta = read_manifest(like)
+    fx = meta.get("fixed") or {}
+    fixed = meta.get("numerics") == "fixed"
+    if fixed and calibration is None:
+        raise KmlcError(f"{like} holds a fixed-point model: its new weights need "
+                        "--calibration rows")
+    prog = lower_model(model, example_inputs, params=params, name=meta.get("name"),
+                       numerics=meta.get("numerics", "float"), calibration=calibration,
+                       weight_bits=list(fx.get("weight_bits", {}).values()) or "auto",
+                       input_frac_bits=fx.get("frac_bits") if fixed else None)
+    if structure_hash(prog).hex() != meta.get("structure_sha256"):
+        raise KmlcError(f"its structure differs from the model compiled in {like} (graph, "
+                        "shapes, or fixed-point formats such as output zero points): a weight "
+                        "set must be for the same structure; recompile instead",
+                        where=str(model) if isinstance(model, (str, Path)) else None)
+    blob = pack_blob(prog, version)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.kmlc-tmp")
+    try:
+        tmp.write_bytes(blob)
+        os.replace(tmp, out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise KmlcError(f"cannot write the weight set: {e.strerror or e}", where=str(out)) \
+            from None
+    return {"name": prog.name, "version": version, "bytes": len(blob),
+            "weight_bytes": prog.weight_bytes, "structure_sha256": meta["structure_sha256"]}
+
+
+def load(outdir, weights=None):
+    """Open a compiled model's userspace twin (``kmlc.targets.user.Twin``),
+    on the weight set ``weights`` (a ``.kmlw`` blob's path or bytes, from
+    ``kmlc pack``) or, by default, the one it was compiled with."""
     from .targets.user import Twin
 
-    return Twin(outdir)
+    return Twin(outdir, weights=weights)
 
 
 # --------------------------------------------------------------------------

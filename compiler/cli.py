@@ -210,16 +210,43 @@ def build(outdir, kdir, llvm):
 
 
 @cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@_INPUT_SHAPE
+@click.option("--like", required=True, type=click.Path(file_okay=False),
+              help="The output directory of the compiled model whose weights these replace.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="The weight set to write (.kmlw).")
+@click.option("--calibration", type=click.Path(dir_okay=False),
+              help="Fixed point: rows (N, in_elems) .npy for the new weights.")
+@click.option("--version", "set_version", default=1, show_default=True,
+              type=click.IntRange(0, 2**32 - 1), help="The weight set's version number.")
+def pack(model, input_shapes, like, output, calibration, set_version):
+    """Write MODEL's weights as a weight set (.kmlw) for the model compiled
+    in --like, whose structure MODEL must have (docs/weights.md); `kmlc run
+    --weights` and kmlc.load(OUTDIR, weights=...) run on it."""
+    from .api import pack as kpack
+
+    model, example_inputs = _model_arg(model, input_shapes)
+    cal = _load_npy(calibration, "calibration data") if calibration else None
+    r = kpack(model, like, output, example_inputs=example_inputs, calibration=cal,
+              version=set_version)
+    click.echo(f"kmlc: packed {r['name']} weights, version {r['version']}: {r['bytes']} B "
+               f"({r['weight_bytes']} B of weights) -> {output}")
+
+
+@cli.command()
 @click.argument("outdir", type=click.Path(file_okay=False))
 @click.option("--input", "input_", required=True, type=click.Path(dir_okay=False),
               help="float32 .npy of shape (N, in_elems).")
 @click.option("--output", required=True, type=click.Path(dir_okay=False),
               help="Where to write float32 (N, out_elems).")
-def run(outdir, input_, output):
+@click.option("--weights", type=click.Path(dir_okay=False),
+              help="A weight set (.kmlw, from kmlc pack) to run instead of the compiled one.")
+def run(outdir, input_, output, weights):
     """Run the twin in OUTDIR on every row of --input."""
     from .api import load
 
-    twin = load(outdir)
+    twin = load(outdir, weights=weights)
     x = _load_npy(input_, "input")
     if x.ndim != 2 or x.shape[1] != twin.in_elems:
         raise KmlcError(f"has shape {tuple(x.shape)}; {twin.name} takes rows of "

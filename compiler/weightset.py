@@ -152,36 +152,53 @@ def pack(prog: Program, version: int) -> bytes:
 def unpack(prog: Program, data: bytes, what: str = "weights blob") -> tuple[int, bytes]:
     """(version, struct image) of a blob for ``prog``'s structure, or a
     one-line KmlcError naming what is wrong."""
-    layers = _layers(prog)
-    want = HEADER.size + RECORD.size * len(layers) + prog.weight_bytes + 4
+    return check(data, fixed=prog.numerics == "fixed", shash=structure_hash(prog),
+                 weight_bytes=prog.weight_bytes, layers=[r[:2] for r in _layers(prog)],
+                 names=[k.fn for k in prog.kernels], what=what)
+
+
+def check(data: bytes, *, fixed: bool, shash: bytes, weight_bytes: int,
+          layers: list[tuple[int, int]] | None = None, names: list[str] | None = None,
+          what: str = "weights blob") -> tuple[int, bytes]:
+    """``unpack`` against what a compiled model says of itself (the twin's
+    library): its numerics, structure hash and weight-set size, and, where
+    known, its dense layers' (kernel index, accumulator bits).  Without
+    ``layers`` the records are checked against the header and their own
+    widths only (the structure hash covers the widths)."""
     if len(data) < HEADER.size + 4:
         raise KmlcError(f"{what}: {len(data)} bytes, too short for a kmlc weight set")
+    n_rec = len(layers) if layers is not None else data[7]
+    want = HEADER.size + RECORD.size * n_rec + weight_bytes + 4
     if len(data) != want:
         raise KmlcError(f"{what}: {len(data)} bytes; a weight set of this model has {want} "
                         "(truncated, or for another model)")
     (crc,) = struct.unpack("<I", data[-4:])
     if crc32c(data[:-4]) != crc:
         raise KmlcError(f"{what}: checksum mismatch (corrupted)")
-    magic, fmt, fixed, n, shash, version, payload = HEADER.unpack_from(data)
+    magic, fmt, fx, n, got_hash, version, payload = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise KmlcError(f"{what}: not a kmlc weight set (magic {magic!r})")
     if fmt != FORMAT:
         raise KmlcError(f"{what}: format {fmt}; this kmlc reads format {FORMAT}")
-    if fixed != int(prog.numerics == "fixed"):
-        raise KmlcError(f"{what}: {'fixed' if fixed else 'float'} weights for a "
-                        f"{prog.numerics} model")
-    if shash != structure_hash(prog):
+    if fx != int(fixed):
+        raise KmlcError(f"{what}: {'fixed' if fx else 'float'} weights for a "
+                        f"{'fixed' if fixed else 'float'} model")
+    if got_hash != shash:
         raise KmlcError(f"{what}: built for another model structure (graph, shapes or "
                         "formats differ)")
-    if payload != prog.weight_bytes or n != len(layers):
+    if payload != weight_bytes or n != n_rec:
         raise KmlcError(f"{what}: header sizes do not match the model")
-    for j, (i, bits, _) in enumerate(layers):
+    for j in range(n_rec):
         ki, kbits, bound = RECORD.unpack_from(data, HEADER.size + j * RECORD.size)
-        if ki != i or kbits != bits:
+        if layers is not None and (ki, kbits) != tuple(layers[j]):
+            i, bits = layers[j]
             raise KmlcError(f"{what}: layer record {j} is for kernel {ki} with {kbits}-bit "
                             f"sums; the model's is kernel {i} with {bits}-bit sums")
-        if bound > ACC_LIMIT[f"i{bits}"]:
-            raise KmlcError(f"{what}: layer {prog.kernels[i].fn}: proven |acc| <= {bound} "
-                            f"does not fit its {bits}-bit accumulator")
-    start = HEADER.size + RECORD.size * len(layers)
+        if f"i{kbits}" not in ACC_LIMIT:
+            raise KmlcError(f"{what}: layer record {j} has {kbits}-bit sums")
+        if bound > ACC_LIMIT[f"i{kbits}"]:
+            layer = names[ki] if names and ki < len(names) else f"record {j}"
+            raise KmlcError(f"{what}: layer {layer}: proven |acc| <= {bound} does not fit "
+                            f"its {kbits}-bit accumulator")
+    start = HEADER.size + RECORD.size * n_rec
     return version, data[start:start + payload]

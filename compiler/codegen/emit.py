@@ -16,6 +16,7 @@ import numpy as np
 from .. import __version__
 from ..ir import c_identifier, c_text
 from ..schedule import SIMD_ISAS, Buffer, Kernel, Program
+from ..weightset import structure_hash
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 LINE = 90  # wrap initializers before checkpatch's 100 columns
@@ -442,6 +443,7 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         "live": {r.name: (r.start, r.end) for r in prog.plan.requests},
         "user_cflags": user_cflags, "fixed": fixed, "core": core_name(prog),
         "weights_t": f"struct kml_{core_name(prog)}_weights",
+        "structure_hash": np.frombuffer(structure_hash(prog), np.uint8),
         "in_t": prog.in_dtype.ctype, "out_t": prog.out_dtype.ctype,
         "in_bits": BITS[prog.in_dtype.size][0], "out_bits": BITS[prog.out_dtype.size][0],
         "luts": luts, "counting": any(k.params.get("counts") for k in prog.kernels),

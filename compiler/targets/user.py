@@ -109,7 +109,7 @@ class Twin:
     owns one workspace, so use one per thread.
     """
 
-    def __init__(self, outdir, so: Path | None = None):
+    def __init__(self, outdir, so: Path | None = None, weights=None):
         outdir = Path(outdir)
         self.meta = read_manifest(outdir)
         self.name = self.meta["name"]
@@ -124,7 +124,8 @@ class Twin:
             shutil.copyfile(so, tmp)
             self.lib = ctypes.CDLL(tmp)
             self._batch = getattr(self.lib, f"kml_{self.name}_infer_batch")
-            sizes = list((ctypes.c_ulong * 6).in_dll(self.lib, "kml_twin_sizes"))
+            sizes = list((ctypes.c_ulong * 7).in_dll(self.lib, "kml_twin_sizes"))
+            self._structure = bytes((ctypes.c_ubyte * 32).in_dll(self.lib, "kml_twin_structure"))
         except (OSError, AttributeError, ValueError) as e:
             why = " ".join(str(e).replace(tmp, so.name).split())
             raise KmlcError(f"not a twin library kmlc can load ({why}); "
@@ -156,12 +157,40 @@ class Twin:
             raise KmlcError("describes outputs or input encodings that do not match the twin "
                             "library; recompile rather than edit", where=str(outdir / "kmlc.json"))
         p = ctypes.c_void_p
-        self._batch.argtypes = [p, p, ctypes.c_ulong, p, p]
+        self._batch.argtypes = [p, p, p, ctypes.c_ulong, p, p]
+        self.weight_bytes = sizes[6]
+        self._weights = None                       # the set's image, None: built-in
+        self.weights_version = None
+        if weights is not None:
+            self.load_weights(weights)
         self.saturations = 0                       # values saturated, over every run
         self.last_saturations = np.zeros(0, np.uint32)  # per row of the last run
         self._batch.restype = ctypes.c_int
         words = max(workspace, 8) // 8 + 1
         self._workspace = np.zeros(words, dtype=np.uint64)  # 8-byte aligned
+
+    def load_weights(self, weights) -> None:
+        """Run on the weight set in ``weights`` (a ``.kmlw`` blob's path or
+        bytes, from ``kmlc pack``) instead of the built-in one; None goes
+        back to the built-in set.  A blob for another structure, truncated
+        or corrupted is refused and the current set stays."""
+        from ..weightset import check
+
+        if weights is None:
+            self._weights, self.weights_version = None, None
+            return
+        what = "weights blob"
+        if not isinstance(weights, (bytes, bytearray)):
+            what = str(weights)
+            try:
+                weights = Path(weights).read_bytes()
+            except OSError as e:
+                raise KmlcError(f"cannot read the weight set: {e.strerror}", where=what) from None
+        version, img = check(bytes(weights), fixed=bool(self.fixed), shash=self._structure,
+                             weight_bytes=self.weight_bytes, what=what)
+        buf = np.zeros(self.weight_bytes // 8 + 1, np.uint64)  # 8-byte aligned, as the struct
+        buf.view(np.uint8)[:len(img)] = np.frombuffer(img, np.uint8)
+        self._weights, self.weights_version = buf, version
 
     # The paths of a fixed-point model (kml_simd.h), in enum kml_path's order
     PATHS = ("scalar", *SIMD_ISAS)
@@ -279,8 +308,9 @@ class Twin:
         x = np.ascontiguousarray(self._rows(x), dtype=self.in_dtype)
         y = np.empty((x.shape[0], self.out_elems), dtype=self.out_dtype)
         sat = np.zeros(x.shape[0], np.uint32)
-        ret = self._batch(x.ctypes.data, y.ctypes.data, x.shape[0], self._workspace.ctypes.data,
-                          sat.ctypes.data)
+        w = None if self._weights is None else self._weights.ctypes.data
+        ret = self._batch(w, x.ctypes.data, y.ctypes.data, x.shape[0],
+                          self._workspace.ctypes.data, sat.ctypes.data)
         if ret:
             raise KmlcError(f"kml_{self.name}_infer returned {ret}")
         self.last_saturations = sat

@@ -179,7 +179,7 @@ SIMD_FN = re.compile(r"_(sse2|avx2)$")
 def test_module_has_no_floating_point(fixed, name):
     """Every object is built with the kernel's integer flags; vector
     registers appear only in the SIMD paths' functions (kml_simd.h, target
-    attributes), which only kml_<name>_infer enters, inside
+    attributes), which only kml_<name>_infer_set enters, inside
     kernel_fpu_begin/end; everything else has no FP or vector instruction."""
     d, _ = fixed[name]
     ko = kernel.build_module(d / "kernel")
@@ -201,8 +201,8 @@ def test_module_has_no_floating_point(fixed, name):
         calls = set(re.findall(r"R_X86_64_PLT32\s+(\w+)", body))
         if calls & {"kernel_fpu_begin_mask"} or calls & {f"kml_{core}_forward_{i}"
                                                          for i in ("sse2", "avx2")}:
-            assert f == f"kml_{name}_fx_infer", f
-    infer = funcs[f"kml_{name}_fx_infer"]
+            assert f == f"kml_{name}_fx_infer_set", f
+    infer = funcs[f"kml_{name}_fx_infer_set"]   # kml_<name>_infer on the built-in set
     assert ("irq_fpu_usable" in infer and "kernel_fpu_end" in infer) == has_simd
     if not has_simd:
         assert not {"kernel_fpu_begin_mask", "kernel_fpu_end"} & set(kernel.undefined_symbols(ko))

@@ -1,0 +1,101 @@
+"""Weight sets in the twin (docs/weights.md): `kmlc pack` writes a retrained
+model's weights for a model already compiled, and the twin runs on them.
+The oracle is the retrained model compiled on its own: the swapped twin
+must give its outputs bit for bit.  Sets for another structure, corrupted
+or truncated sets are refused with one line, and the running set stays."""
+import numpy as np
+import onnx
+import pytest
+
+from conftest import kmlc_cli, mlp_model
+from kmlc.api import compile as kcompile, load, pack
+from kmlc.errors import KmlcError
+
+
+def rows(n=300, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, 6)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def float_pair(tmp_path_factory):
+    """A model and its retrained twin (other weights, the same graph),
+    each compiled, and the retrained one's ONNX file."""
+    d = tmp_path_factory.mktemp("sets")
+    for seed in (1, 2):
+        onnx.save(mlp_model([6, 20, 3], act="Tanh", seed=seed), d / f"m{seed}.onnx")
+        kcompile(d / f"m{seed}.onnx", d / f"o{seed}", targets="user", name="ws")
+    return d
+
+
+def test_pack_and_run_the_retrained_weights(float_pair, tmp_path):
+    d = float_pair
+    res = kmlc_cli("pack", d / "m2.onnx", "--like", d / "o1", "-o", tmp_path / "m2.kmlw",
+                   "--version", "5")
+    assert res.returncode == 0, res.stderr
+    assert "version 5" in res.stdout
+    x = rows()
+    np.save(tmp_path / "x.npy", x)
+    res = kmlc_cli("run", d / "o1", "--input", tmp_path / "x.npy", "--output",
+                   tmp_path / "y.npy", "--weights", tmp_path / "m2.kmlw")
+    assert res.returncode == 0, res.stderr
+    y = np.load(tmp_path / "y.npy")
+    own = load(d / "o2").run(x)
+    assert np.array_equal(y.view(np.uint32), own.view(np.uint32))
+    assert not np.array_equal(y, load(d / "o1").run(x))   # the swap changed something
+    twin = load(d / "o1", weights=(tmp_path / "m2.kmlw").read_bytes())
+    assert twin.weights_version == 5
+    assert np.array_equal(twin.run(x), own)
+    twin.load_weights(None)                                 # back to the compiled set
+    assert np.array_equal(twin.run(x), load(d / "o1").run(x))
+
+
+def test_bad_sets_are_refused_and_the_running_set_stays(float_pair, tmp_path):
+    d = float_pair
+    pack(d / "m2.onnx", d / "o1", tmp_path / "good.kmlw")
+    good = (tmp_path / "good.kmlw").read_bytes()
+    twin = load(d / "o1", weights=good)
+    x = rows(20)
+    before = twin.run(x)
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0x10
+    for blob, msg in ((bytes(bad), "checksum"), (good[:-1], "truncated")):
+        with pytest.raises(KmlcError, match=msg):
+            twin.load_weights(blob)
+        assert np.array_equal(twin.run(x), before)
+    (tmp_path / "bad.kmlw").write_bytes(bytes(bad))
+    np.save(tmp_path / "x.npy", x)
+    res = kmlc_cli("run", d / "o1", "--input", tmp_path / "x.npy", "--output",
+                   tmp_path / "y.npy", "--weights", tmp_path / "bad.kmlw")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "checksum" in res.stderr, res.stderr
+    assert not (tmp_path / "y.npy").exists()
+
+
+def test_pack_refuses_another_structure_in_one_line(float_pair, tmp_path):
+    d = float_pair
+    onnx.save(mlp_model([6, 21, 3], act="Tanh", seed=3), tmp_path / "wider.onnx")
+    res = kmlc_cli("pack", tmp_path / "wider.onnx", "--like", d / "o1", "-o",
+                   tmp_path / "w.kmlw")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "structure differs" in res.stderr and res.stderr.strip().count("\n") == 0
+    assert not (tmp_path / "w.kmlw").exists() and not list(tmp_path.glob(".*kmlc-tmp"))
+
+
+def test_fixed_point_sets(tmp_path):
+    """Fixed point: the same model packed for itself loads and runs as
+    compiled; a retrained one whose output encoding moved (its zero point
+    is a literal in the C) is refused, and pack needs calibration rows."""
+    m = mlp_model([6, 20, 3], act="Relu", seed=1)
+    onnx.save(m, tmp_path / "m.onnx")
+    kcompile(m, tmp_path / "o", targets="user", numerics="fixed", calibration=rows(), name="wf")
+    with pytest.raises(KmlcError, match="calibration"):
+        pack(tmp_path / "m.onnx", tmp_path / "o", tmp_path / "s.kmlw")
+    pack(tmp_path / "m.onnx", tmp_path / "o", tmp_path / "s.kmlw", calibration=rows(), version=2)
+    x = rows(50, seed=3)
+    twin = load(tmp_path / "o", weights=tmp_path / "s.kmlw")
+    assert twin.weights_version == 2
+    raw = twin.encode(x)
+    assert np.array_equal(twin.run_raw(raw), load(tmp_path / "o").run_raw(raw))
+    onnx.save(mlp_model([6, 20, 3], act="Relu", seed=2), tmp_path / "m2.onnx")
+    with pytest.raises(KmlcError, match="structure differs"):
+        pack(tmp_path / "m2.onnx", tmp_path / "o", tmp_path / "s2.kmlw", calibration=rows())
