@@ -28,7 +28,7 @@ from .errors import KmlcError
 from .hooks import check_hook_params, check_hooks
 from .passes import banner, run_pipeline
 from .schedule import Program
-from .weightset import structure_hash
+from .weightset import corruption_cases, structure_hash
 
 TARGETS = ("kernel", "user", "kunit")
 NUMERICS = ("float", "fixed")
@@ -122,7 +122,7 @@ def lower_model(model, example_inputs=None, *, params=None, name: str | None = N
                 numerics: str = "float", print_after: Callable[[str, str], None] | None = None,
                 calibration: np.ndarray | None = None, weight_bits: str | list = "auto",
                 input_frac_bits: list[int] | None = None, input_margin: float = 0.0,
-                headroom: float | None = None) -> Program:
+                headroom: float | None = None, pinned: dict | None = None) -> Program:
     """Frontend and passes: a model (see ``compile``) to a planned program.
     Fixed point needs ``calibration`` rows."""
     from .frontends import load as import_model
@@ -146,7 +146,7 @@ def lower_model(model, example_inputs=None, *, params=None, name: str | None = N
                         QuantOptions(weight_bits if isinstance(weight_bits, (list, tuple))
                                      else str(weight_bits), input_frac_bits,
                                      input_margin=float(input_margin),
-                                     headroom=float(headroom or HEADROOM)))
+                                     headroom=float(headroom or HEADROOM), pinned=pinned))
 
 
 def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, targets="all",
@@ -272,16 +272,25 @@ def pack(model, like, out, *, example_inputs=None, calibration: np.ndarray | Non
     if fixed and calibration is None:
         raise KmlcError(f"{like} holds a fixed-point model: its new weights need "
                         "--calibration rows")
+    # fixed point: the compiled model's formats (every range, each layer's
+    # weight width and accumulator), so that only the constants can change
     prog = lower_model(model, example_inputs, params=params, name=meta.get("name"),
                        numerics=meta.get("numerics", "float"), calibration=calibration,
                        weight_bits=list(fx.get("weight_bits", {}).values()) or "auto",
-                       input_frac_bits=fx.get("frac_bits") if fixed else None)
+                       input_frac_bits=fx.get("frac_bits") if fixed else None,
+                       pinned=fx.get("formats"))
     if structure_hash(prog).hex() != meta.get("structure_sha256"):
         raise KmlcError(f"its structure differs from the model compiled in {like} (graph, "
                         "shapes, or fixed-point formats such as output zero points): a weight "
                         "set must be for the same structure; recompile instead",
                         where=str(model) if isinstance(model, (str, Path)) else None)
     blob = pack_blob(prog, version)
+    if (like / "user" / f"libkml_{prog.name}.so").is_file():
+        # the module's own check (kml_weights.h), which the twin runs too: a
+        # blob it would refuse is never written
+        from .targets.user import Twin
+
+        Twin(like).check_set(blob, "the packed weight set")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.kmlc-tmp")
     try:
@@ -407,6 +416,8 @@ def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> di
         "golden_vectors": 0 if goldens is None else int(len(goldens[0])),
         # SIMD paths (kml_simd.h): multiply-adds they take per call, 0 for none
         "simd_macs": simd_context(prog)["simd_macs"],
+        # the KUnit suite's forged weight sets (weightset.corruption_cases)
+        "set_forgeries": len(corruption_cases(prog)),
         "macs": sum(k.params["k"] * k.params["n"] for k in prog.kernels if k.kind == "qdense")
         or None,
         "fixed": fixed_interface(prog),

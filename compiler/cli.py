@@ -338,13 +338,18 @@ def kunit(outdirs, arch, jobs):
                    "exit status decides (docs/hooks.md: what it finds ready).")
 @click.option("--timeout", type=int, help="Seconds for the whole boot (default 600; debug 1800).")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Save the serial log.")
-def qemu_test(outdirs, kernel, kdir, script, timeout, log_path):
+@click.option("--weights", "weights", multiple=True, type=click.Path(dir_okay=False),
+              help="A weight set (kmlc pack) to hot-swap in, repeatable: 100 swaps cycle "
+                   "through them while the hook runs, each checked against the twin, then "
+                   "forgeries and rollback (docs/weights.md).")
+def qemu_test(outdirs, kernel, kdir, script, timeout, log_path, weights):
     """Boot a kernel in qemu, load the modules and test their hooks."""
     from .targets.qemu import run as run_qemu
 
     res = run_qemu([Path(d) for d in outdirs], kernel=kernel, kdir=kdir,
                    script=Path(script) if script else None, timeout=timeout,
-                   log_path=Path(log_path) if log_path else None)
+                   log_path=Path(log_path) if log_path else None,
+                   weights=[Path(w) for w in weights])
     if not res["ok"]:
         raise KmlcError("qemu test failed: " + "; ".join(
             ln for ln in res["lines"] if "PASS" not in ln and "INFO" not in ln))

@@ -31,13 +31,15 @@ little-endian throughout:
      end-4      4  CRC32C (Castagnoli, reflected, as iSCSI and ext4 use it)
                    of every byte before it
 
-``unpack`` refuses, with one line naming the problem, anything but such a
-blob for this structure: a wrong length (every truncation), a CRC mismatch
-(every single-byte corruption), another format, numerics or structure, a
-payload of another size, layer records that do not match the program's
-dense layers and accumulator widths, or a bound beyond the accumulator.
-Re-proving the bounds from the new weights themselves is the loader's job
-in C (not yet written), which must not trust these records.
+The reader is C, one function for the module and the twin alike:
+``kml_set_check()`` in runtime-kernel/kml_weights.h, bound to a model by
+the descriptor its generated code defines from ``dense_layers`` (where each
+dense layer's constants are, its shape, accumulator and the max|x| of its
+proven paths) and ``pinned_members`` (fixed point: the members a new set
+may not change).  It refuses a wrong length, a CRC mismatch, another
+format, numerics or structure, and re-proves every layer's bounds from the
+new weights rather than trusting the records, which must state exactly the
+bound it finds.  ``kmlc.load(outdir).check_set(blob)`` runs it from Python.
 """
 from __future__ import annotations
 
@@ -56,7 +58,6 @@ HEADER = struct.Struct("<4sHBB32sII")
 RECORD = struct.Struct("<IB3xQ")
 # kernel parameters the C shows only in comments: a new set may change them
 COMMENT_ONLY = ("acc_bound", "wide_bound")
-ACC_LIMIT = {"i32": 2**31 - 1, "i64": 2**62}
 
 
 def _crc32c_table() -> list[int]:
@@ -121,10 +122,61 @@ def structure_hash(prog: Program) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
+# a dense layer's members a new set may change (fixed point): every other
+# member is a format of the compiled model, which kmlc pack pins
+DENSE_ROLES = ("w", "w_last", "w_tail", "w_tail_last", "b", "rq", "rq_neg")
+
+
+def dense_layers(prog: Program) -> list[dict]:
+    """What kml_set_check() (runtime-kernel/kml_weights.h) re-proves for
+    each dense layer of a fixed-point program: its node, kernel index,
+    members by role, shape, tiling, weight bytes, accumulator and the
+    proven max|x| of its paths (bound_ranges.py), and the bound the blob's
+    record states."""
+    out = []
+    for i, k in enumerate(prog.kernels):
+        if k.kind != "qdense":
+            continue
+        p, t = k.params, k.params["tiles"]
+        w = k.operands.get("w", k.operands.get("w_tail"))
+        out.append({
+            "node": next((o for o in k.origin if o.endswith(("(Gemm)", "(MatMul)"))),
+                         k.origin[0] if k.origin else k.fn),
+            "kernel": i, "members": {r: k.operands[r].name for r in DENSE_ROLES
+                                     if r in k.operands},
+            "n": p["n"], "k": p["k"], "count": t["count"], "width": t["width"],
+            "wbytes": w.dtype.size, "in_pairs": int("in_pairs" in t),
+            "acc_bits": 64 if p["acc"] == "i64" else 32, "x_max": int(p["x_max"]),
+            "x_max_wide": int(p.get("x_max_wide", 0)), "bound": int(p["acc_bound"])})
+    return out
+
+
+def pinned_members(prog: Program) -> list[Buffer]:
+    """The members a fixed-point set may not change: all but its dense
+    layers' weights, biases and requantization words."""
+    free = {m for layer in dense_layers(prog) for m in layer["members"].values()}
+    return [b for b in prog.weight_set() if b.name not in free]
+
+
+def blob_bytes(prog: Program) -> int:
+    """The size of a ``.kmlw`` blob for ``prog``."""
+    return HEADER.size + RECORD.size * len(dense_layers(prog)) + prog.weight_bytes + 4
+
+
 def _layers(prog: Program) -> list[tuple[int, int, int]]:
     """(kernel index, accumulator bits, proven bound) per dense layer."""
-    return [(i, 64 if k.params["acc"] == "i64" else 32, int(k.params["acc_bound"]))
-            for i, k in enumerate(prog.kernels) if k.kind == "qdense"]
+    return [(d["kernel"], d["acc_bits"], d["bound"]) for d in dense_layers(prog)]
+
+
+def member_offsets(prog: Program) -> dict[str, int]:
+    """Each member's offset in the struct: in order, unpadded (larger
+    elements first, so each lies at a multiple of its alignment)."""
+    out, off = {}, 0
+    for b in prog.weight_set():
+        assert off % b.dtype.size == 0, (b.name, off)
+        out[b.name] = off
+        off += b.nbytes
+    return out
 
 
 def image(prog: Program) -> bytes:
@@ -148,56 +200,52 @@ def pack(prog: Program, version: int) -> bytes:
     return body + struct.pack("<I", crc32c(body))
 
 
-def unpack(prog: Program, data: bytes, what: str = "weights blob") -> tuple[int, bytes]:
-    """(version, struct image) of a blob for ``prog``'s structure, or a
-    one-line KmlcError naming what is wrong."""
-    return check(data, fixed=prog.numerics == "fixed", shash=structure_hash(prog),
-                 weight_bytes=prog.weight_bytes, layers=[r[:2] for r in _layers(prog)],
-                 names=[k.fn for k in prog.kernels], what=what)
-
-
-def check(data: bytes, *, fixed: bool, shash: bytes, weight_bytes: int,
-          layers: list[tuple[int, int]] | None = None, names: list[str] | None = None,
-          what: str = "weights blob") -> tuple[int, bytes]:
-    """``unpack`` against what a compiled model says of itself (the twin's
-    library): its numerics, structure hash and weight-set size, and, where
-    known, its dense layers' (kernel index, accumulator bits).  Without
-    ``layers`` the records are checked against the header and their own
-    widths only (the structure hash covers the widths)."""
-    if len(data) < HEADER.size + 4:
-        raise KmlcError(f"{what}: {len(data)} bytes, too short for a kmlc weight set")
-    n_rec = len(layers) if layers is not None else data[7]
-    want = HEADER.size + RECORD.size * n_rec + weight_bytes + 4
-    if len(data) != want:
-        raise KmlcError(f"{what}: {len(data)} bytes; a weight set of this model has {want} "
-                        "(truncated, or for another model)")
-    (crc,) = struct.unpack("<I", data[-4:])
-    if crc32c(data[:-4]) != crc:
-        raise KmlcError(f"{what}: checksum mismatch (corrupted)")
-    magic, fmt, fx, n, got_hash, version, payload = HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise KmlcError(f"{what}: not a kmlc weight set (magic {magic!r})")
-    if fmt != FORMAT:
-        raise KmlcError(f"{what}: format {fmt}; this kmlc reads format {FORMAT}")
-    if fx != int(fixed):
-        raise KmlcError(f"{what}: {'fixed' if fx else 'float'} weights for a "
-                        f"{'fixed' if fixed else 'float'} model")
-    if got_hash != shash:
-        raise KmlcError(f"{what}: built for another model structure (graph, shapes or "
-                        "formats differ)")
-    if payload != weight_bytes or n != n_rec:
-        raise KmlcError(f"{what}: header sizes do not match the model")
-    for j in range(n_rec):
-        ki, kbits, bound = RECORD.unpack_from(data, HEADER.size + j * RECORD.size)
-        if layers is not None and (ki, kbits) != tuple(layers[j]):
-            i, bits = layers[j]
-            raise KmlcError(f"{what}: layer record {j} is for kernel {ki} with {kbits}-bit "
-                            f"sums; the model's is kernel {i} with {bits}-bit sums")
-        if f"i{kbits}" not in ACC_LIMIT:
-            raise KmlcError(f"{what}: layer record {j} has {kbits}-bit sums")
-        if bound > ACC_LIMIT[f"i{kbits}"]:
-            layer = names[ki] if names and ki < len(names) else f"record {j}"
-            raise KmlcError(f"{what}: layer {layer}: proven |acc| <= {bound} does not fit "
-                            f"its {kbits}-bit accumulator")
-    start = HEADER.size + RECORD.size * n_rec
-    return version, data[start:start + payload]
+def corruption_cases(prog: Program) -> list[tuple[str, int, bytes, str]]:
+    """The KUnit suite's table of forged blobs (kunit_test.c.j2): (what,
+    offset, bytes written there into ``pack(prog, 7)``, a word of the
+    reason kml_set_check() must give), each resealed with a valid CRC, so
+    that every check behind the checksum is reached: header fields, each
+    dense layer's record, the tail padding, a changed format, sums that
+    could overflow, a bad requantization shift, an int16 weight of -32768,
+    a float weight that is not finite."""
+    layers = dense_layers(prog)
+    img = HEADER.size + RECORD.size * len(layers)
+    off = member_offsets(prog)
+    fixed = prog.numerics == "fixed"
+    out = [("magic", 0, b"KMLX", "magic"), ("format", 4, b"\x02\x00", "format"),
+           ("numerics", 6, bytes([0 if fixed else 1]), "weights for a"),
+           ("structure hash", 8 + 31, bytes([structure_hash(prog)[31] ^ 1]), "structure"),
+           ("record count", 7, bytes([len(layers) + 1]), "header sizes"),
+           ("set size", 44, (prog.weight_bytes + 8).to_bytes(4, "little"), "header sizes")]
+    end = sum(b.nbytes for b in prog.weight_set())
+    if end < prog.weight_bytes:
+        out.append(("tail padding", img + end, b"\x01", "padding"))
+    for j, L in enumerate(layers):
+        rec, name = HEADER.size + RECORD.size * j, L["node"]
+        out += [(f"{name}: record's kernel", rec, (L["kernel"] + 1).to_bytes(4, "little"),
+                 "another kernel"),
+                (f"{name}: record's accumulator", rec + 4, bytes([96 - L["acc_bits"]]),
+                 "another kernel"),
+                (f"{name}: record's padding", rec + 5, b"\x01", "another kernel"),
+                (f"{name}: record's bound", rec + 8, (L["bound"] - 1).to_bytes(8, "little"),
+                 "record's bound")]
+        m = L["members"]
+        big = 2**31 - 1 if L["acc_bits"] == 32 else 2**62
+        out += [(f"{name}: bias beyond the accumulator", img + off[m["b"]],
+                 big.to_bytes(L["acc_bits"] // 8, "little"), "sums"),
+                (f"{name}: requantization shift 63", img + off[m["rq"]],
+                 (1 << 6 | 63).to_bytes(4, "little"), "requantization")]
+        if L["wbytes"] == 2:
+            w = m.get("w", m.get("w_tail"))
+            out.append((f"{name}: int16 weight -32768", img + off[w], b"\x00\x80", "-32768"))
+    pinned = pinned_members(prog) if fixed else []
+    if pinned:
+        b = pinned[0]
+        out.append((f"format {b.name}", img + off[b.name],
+                    bytes([image(prog)[off[b.name]] ^ 1]), "format"))
+    if not fixed:
+        f32 = [b for b in prog.weight_set() if b.dtype.name == "f32"]
+        if f32:
+            out.append((f"{f32[0].name} NaN", img + off[f32[0].name],
+                        bytes.fromhex("0000c07f"), "finite"))
+    return out

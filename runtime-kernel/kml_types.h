@@ -27,6 +27,7 @@ typedef int s32;
 typedef long long s64;
 /* The twin is a shared library: every non-static symbol is exported. */
 #define EXPORT_SYMBOL_GPL(sym)
+#define __rcu	/* the kernel's RCU annotation: nothing to check here */
 #endif
 
 /* True when p is aligned to a (a power of two). */

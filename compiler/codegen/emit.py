@@ -16,7 +16,10 @@ import numpy as np
 from .. import __version__
 from ..ir import c_identifier, c_text
 from ..schedule import SIMD_ISAS, Buffer, Kernel, Program
-from ..weightset import structure_hash
+from ..weightset import blob_bytes, corruption_cases, dense_layers, member_offsets, \
+    pinned_members, structure_hash
+from ..weightset import pack as pack_blob
+from ..passes.quantize import layer_name
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 LINE = 90  # wrap initializers before checkpatch's 100 columns
@@ -129,13 +132,13 @@ def cwrap(line: str, limit: int = 100) -> str:
         prev, col = i + 1, next_col
     out.append(cur)
     head = line[:line.index("(")].rstrip()
-    if width(out[0]) > limit and " " in head and "=" not in head:
-        # a declaration whose first parameter does not fit: its return
+    if max(map(width, out)) > limit and " " in head and "=" not in head:
+        # a declaration whose parameters do not fit: its return
         # type on a line of its own, as kernel style allows; for names too
         # long even for that, the parameters on lines of their own
         cut = head.rindex(" ")
         rest = cwrap(line[cut + 1:], limit)
-        if width(rest.split("\n")[0]) > limit:
+        if max(map(width, rest.split("\n"))) > limit:
             at = line.index("(")
             lines, cur = [line[cut + 1:at + 1]], "\t"
             for piece in line[at + 1:].split(", "):
@@ -422,10 +425,18 @@ def fixed_interface(prog: Program) -> dict | None:
            "weight_bits": dict(q.weight_bits), "decision_agreement": q.decision_agreement}
     for p in prog.inputs:
         enc["frac_bits"] += q.inputs[p.buffer.value]["frac_bits"]
+    # what kmlc pack pins for a retrained model (QuantOptions.pinned)
+    enc["formats"] = dict(q.formats, dense={
+        layer_name(op): [op.attrs["acc"], "wide_bound" in op.attrs]
+        for op in prog.graph.ops if op.kind == "qdense"})
     for p, m in zip(prog.outputs, port_macros(prog)["out"]):
         enc["outputs"].append(dict(q.outputs[p.buffer.value], **q.output_bounds.get(
             p.buffer.value, {}), name=p.name, macro=m))
     return enc
+
+
+# the version of the weight set the KUnit suite validates (a pack of the compiled set)
+KUNIT_SET_VERSION = 7
 
 
 def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
@@ -444,6 +455,12 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         "user_cflags": user_cflags, "fixed": fixed, "core": core_name(prog),
         "weights_t": f"struct kml_{core_name(prog)}_weights",
         "structure_hash": np.frombuffer(structure_hash(prog), np.uint8),
+        # what kml_set_check() re-proves of a new weight set (kml_weights.h)
+        "set_dense": dense_layers(prog), "blob_bytes": blob_bytes(prog),
+        "set_offsets": member_offsets(prog),
+        "set_end": sum(b.nbytes for b in prog.weight_set()) if prog.weight_set() else 1,
+        "set_pinned": pinned_members(prog) if fixed else [],
+        "set_f32": [] if fixed else [b for b in prog.weight_set() if b.dtype.name == "f32"],
         "in_t": prog.in_dtype.ctype, "out_t": prog.out_dtype.ctype,
         "in_bits": BITS[prog.in_dtype.size][0], "out_bits": BITS[prog.out_dtype.size][0],
         "luts": luts, "counting": any(k.params.get("counts") for k in prog.kernels),
@@ -528,6 +545,11 @@ def render(prog: Program, targets: list[str], *, source: str, sha256: str,
         files["kernel/Makefile"] = env.get_template("Makefile.kernel.j2").render(ctx)
         files["kernel/Kconfig"] = env.get_template("Kconfig.module.j2").render(ctx)
         files[f"kernel/{n}_mod.c"] = env.get_template("module.c.j2").render(kctx)
+        files.update(runtime_sources("kernel", ["kml_swap.c"]))
+        # the self-test's inputs, as bit patterns: debugfs "goldens" runs them
+        # on the running weight set; the twin must print the same
+        files["kernel/selftest_inputs.txt"] = "".join(
+            " ".join(bits_hex(x, prog.in_dtype)) + "\n" for x, _, _ in kctx["goldens"])
         if ctx["hook"] is not None:
             files["kernel/kml_binding.h"] = env.get_template("binding.h.j2").render(ctx)
             files.update(runtime_sources("kernel", ctx["hook"].kernel_files))
@@ -541,7 +563,9 @@ def render(prog: Program, targets: list[str], *, source: str, sha256: str,
     if "kunit" in targets:
         assert goldens is not None
         files.update({f"kunit/{k}": v for k, v in model.items()})
-        kctx = dict(ctx, goldens=list(zip(*goldens)))
+        kctx = dict(ctx, goldens=list(zip(*goldens)),
+                    blob=np.frombuffer(pack_blob(prog, KUNIT_SET_VERSION), np.uint8),
+                    blob_cases=corruption_cases(prog), blob_version=KUNIT_SET_VERSION)
         files["kunit/Kconfig"] = env.get_template("Kconfig.j2").render(kctx)
         files["kunit/Makefile"] = env.get_template("Makefile.kunit.j2").render(kctx)
         files["kunit/.kunitconfig"] = env.get_template("kunitconfig.j2").render(kctx)

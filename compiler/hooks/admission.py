@@ -137,6 +137,12 @@ class Admission(Hook):
     def scenario(self, module: str, ko: str, cycles: int) -> str:
         return HELPERS + SCENARIO.format(module=module, ko=ko, cycles=cycles)
 
+    load = ("dd if=$KML_TARGET of=/dev/null bs=64k count=512 2>/dev/null; "
+            "echo 1 > /proc/sys/vm/drop_caches")
+
+    def inferences(self, module: str) -> str:
+        return "kml_status kmlscript inferences"
+
     def about(self, module: str, tag: str, rep: Replay) -> list[str]:
         legs = [m["legs"] for m in rep.info["mirrors"].values()]
         legs = np.concatenate(legs) if legs else np.zeros(0)

@@ -249,6 +249,22 @@ class Hook:
         """Shell: the hook's own scenario, printing KMLC-RESULT lines."""
         raise NotImplementedError
 
+    # a shell loop body that makes the hook decide, in the setup's
+    # environment: the swap scenario runs it in the background
+    load = ""
+
+    def load_start(self) -> str:
+        """Shell: start ``load`` in a loop in the background."""
+        return ("touch /tmp/kml_busy\n( while [ -e /tmp/kml_busy ]; do "
+                f"{self.load.strip()}; done ) &\nkml_busy=$!\n")
+
+    def load_stop(self) -> str:
+        return "rm -f /tmp/kml_busy; wait $kml_busy\n"
+
+    def inferences(self, module: str) -> str:
+        """Shell: print the number of inferences the hook has run."""
+        return f"awk '$1 == \"inferences\" {{print $2}}' /sys/kernel/debug/{module}/stats"
+
     def verdicts(self, module: str, dumps: dict[str, str], twin) -> list[str]:
         """Host-side verdicts on the scenario's trace dumps ({tag: text}):
         lines "NAME PASS|FAIL|INFO DETAIL": each dump replayed through the

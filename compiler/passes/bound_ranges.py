@@ -6,12 +6,15 @@ proof does not trust calibration) through every op, and for each one:
     (shift >= 1 keeps it in int32);
   * ``qdense``: bounds every partial sum of every output channel by
     |b[n]| + sum_k |w[n, k]| * max|x| (so the bound holds whatever the
-    order of the additions), picks an int32 accumulator when that fits and
-    int64 otherwise, and fails naming the node if even int64 does not; a
+    order of the additions; ``x_max`` records max|x|), picks an int32
+    accumulator when that fits and int64 otherwise (or the one ``acc_pin``
+    names, for kmlc pack: failing where the bound does not fit it), and
+    fails naming the node if even int64 does not; a
     layer on an encoded input (int32) is bounded twice: for inputs within
     int16 (its accumulator and multipliers, as above) and over every int32
-    input (``wide_bound``, below 2^62: the exact path, whose requantization
-    multiplies in 128 bits);
+    input (``wide_bound`` and ``x_max_wide``, below 2^62: the exact path,
+    whose requantization multiplies in 128 bits; ``wide_pin`` forces the
+    choice);
   * every requantization: chooses the integer multiplier for the recorded
     real scale with ``qmath.multiplier`` under the proven bound, so that
     |acc| * mult < 2^63 and kml_requant is exact; the multiplier keeps 31
@@ -78,7 +81,10 @@ def bound_ranges(g: Graph) -> Graph:
             w, b = op.inputs[1], op.inputs[2]
             wsum = np.abs(w.data.astype(np.int64)).sum(axis=1).astype(object)
             bias = np.abs(b.data).astype(object)
-            worst = int(max(bias + wsum * max(abs(xl), abs(xh))))
+            x_max = max(abs(xl), abs(xh))
+            worst = int(max(bias + wsum * x_max))
+            a["x_max"] = x_max
+            pinned = "acc_pin" in a     # kmlc pack: the compiled model's choices
             if x.type.dtype == I32:
                 # an encoded input: where its whole int32 range would cost
                 # the int32 accumulator or multiplier bits, values within
@@ -88,11 +94,18 @@ def bound_ranges(g: Graph) -> Graph:
                 if worst >= S64_LIMIT:
                     _fail(op, f"accumulator bound {worst} over every int32 input does not fit "
                           "in int64")
-                if worst > S32_MAX and (fast <= S32_MAX or _bits(worst) < _bits(fast)):
-                    a["wide_bound"], worst = worst, fast
+                wide = worst > S32_MAX and (fast <= S32_MAX or _bits(worst) < _bits(fast))
+                if a.get("wide_pin", wide):
+                    a["wide_bound"], a["x_max_wide"], a["x_max"] = worst, x_max, 32768
+                    worst = fast
             if worst >= S64_LIMIT:
                 _fail(op, f"accumulator bound {worst} does not fit in int64")
             acc = "i32" if worst <= S32_MAX else "i64"
+            if pinned and acc != a["acc_pin"]:
+                if a["acc_pin"] == "i32":
+                    _fail(op, f"the new weights bound |acc| by {worst}, beyond the compiled "
+                          "model's 32-bit accumulator; recompile the model instead")
+                acc = "i64"
             a["acc"] = acc
             a["acc_bound"] = worst
             op.inputs[2] = const(b.name, b.data.astype(I32.np if acc == "i32" else I64.np))

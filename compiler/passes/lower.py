@@ -380,7 +380,7 @@ class _Lowering:
             ops["rq_neg"] = self.array("rq_neg", rq_words(a["mult_neg"], a["shift_neg"]), U32)
         ops["y"] = y
         params = {key: a[key] for key in ("mode", "fn", "zp", "lo", "hi", "acc", "acc_bound",
-                                          "flip", "wide_bound") if key in a}
+                                          "flip", "wide_bound", "x_max", "x_max_wide") if key in a}
         if a["mode"] == "clamp" and "mult_neg" not in a and a["lo"] >= a.get("zp", 0):
             # ReLU: a negative sum requantizes to at most 0, which the clamp
             # raises to lo anyway, so the sign never matters (kml_requant_relu)

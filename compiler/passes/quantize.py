@@ -25,7 +25,7 @@ Ops fixed point cannot express raise ``KmlcError`` naming the node.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -97,6 +97,11 @@ class QuantOptions:
     input_frac_bits: list[int] | None = None   # per input element, or one for all
     headroom: float = HEADROOM
     input_margin: float = 0.0                  # inputs' range widened by this, each side
+    # the formats of a compiled model (QuantInfo.formats, from its kmlc.json):
+    # every range is taken from here instead of the calibration rows, and
+    # every dense layer keeps its accumulator, so that a retrained model
+    # quantizes to the same structure (kmlc pack)
+    pinned: dict | None = None
 
 
 @dataclass
@@ -120,6 +125,10 @@ class QuantInfo:
     float_graph: Graph | None = None   # the float graph that was quantized
     int_graph: Graph | None = None     # the proven integer graph
     calibration_rows: int = 0
+    # the calibrated ranges quantization used (value name -> [lo, hi], lists
+    # per element for graph inputs): with the dense layers' accumulators
+    # (emit.fixed_interface), the formats ``QuantOptions.pinned`` replays
+    formats: dict = field(default_factory=lambda: {"ranges": {}, "inputs": {}})
 
 
 def _fail(op: Op, msg: str):
@@ -266,6 +275,9 @@ def activation_params(lo: float, hi: float, headroom: float) -> QParams:
 
 class _Quantizer:
     def __init__(self, g: Graph, cal: Calibration, opts: QuantOptions):
+        if opts.pinned is not None:     # the compiled model's scaling of its ranges too
+            opts = replace(opts, headroom=float(opts.pinned["headroom"]),
+                           input_margin=float(opts.pinned["input_margin"]))
         self.g, self.cal, self.opts = g, cal, opts
         self.fresh = fresh_namer(g)
         self.env: dict[Value, tuple[Value, QParams | FirstLayer]] = {}
@@ -289,6 +301,34 @@ class _Quantizer:
         if q is EXACT:
             _fail(op, f"{op.kind} on integers (Cast them to float first)")
         return xq, q
+
+    # -- ranges: calibrated, or pinned to a compiled model's ------------------------
+
+    def _pinned(self, kind: str, v: Value):
+        pins = self.opts.pinned
+        if pins is None:
+            return None
+        got = pins.get(kind, {}).get(v.name)
+        if got is None:
+            raise KmlcError(f"value '{self.g.source_name(v)}' has no recorded range in the "
+                            "compiled model: its graph differs")
+        return got
+
+    def range(self, v: Value) -> tuple[float, float]:
+        got = self._pinned("ranges", v)
+        lo, hi = got if got is not None else self.cal.range(v)
+        self.info.formats["ranges"][v.name] = [float(lo), float(hi)]
+        return float(lo), float(hi)
+
+    def input_range(self, v: Value) -> tuple[np.ndarray, np.ndarray]:
+        got = self._pinned("inputs", v)
+        lo, hi = (np.asarray(got[0], np.float64), np.asarray(got[1], np.float64)) \
+            if got is not None else self.cal.input_range(v)
+        if lo.shape != (v.type.numel,) or hi.shape != lo.shape:
+            raise KmlcError(f"input '{self.g.source_name(v)}': the compiled model's recorded "
+                            "range has another shape: its graph differs")
+        self.info.formats["inputs"][v.name] = [lo.tolist(), hi.tolist()]
+        return lo, hi
 
     # -- decision ops -------------------------------------------------------------------
 
@@ -358,7 +398,7 @@ class _Quantizer:
         vals = op.inputs[1:] if op.kind == "where" else op.inputs
         like = self.runtime_q(op)
         if like is None and any(v.is_const and v.type.dtype == F32 for v in vals):
-            like = activation_params(*self.cal.range(op.output), self.opts.headroom)
+            like = activation_params(*self.range(op.output), self.opts.headroom)
         got = [self.operand(op, v, like) for v in vals]
         if not same_scale(*(q for _, q in got)):
             _fail(op, f"{op.kind} of values on different scales")
@@ -407,7 +447,7 @@ class _Quantizer:
             self.first_layer(op.output, xq, [0] * x.type.numel, op.origin, integer=True)
             self.int_source[op.output] = xq     # comparisons use the raw integers
         elif q is EXACT:                   # bools and small integers: exact in int16
-            lo, hi = self.cal.range(op.output)
+            lo, hi = self.range(op.output)
             if xq.type.dtype != BOOL and not (-32768 <= lo and hi <= 32767):
                 _fail(op, "a Cast to float of integers beyond int16")
             self.emit("cast", [xq], {"to": "i16"}, op.origin, op.output, QParams(1.0, 0))
@@ -428,7 +468,7 @@ class _Quantizer:
                                          "onnx_dtype": v.type.dtype.name}
             self.info.float_of[iv] = v
             return iv
-        lo, hi = widen(*self.cal.input_range(v), self.opts.input_margin)
+        lo, hi = widen(*self.input_range(v), self.opts.input_margin)
         fb = self.opts.input_frac_bits
         if fb is None:
             frac = choose_frac_bits(lo, hi)
@@ -447,7 +487,7 @@ class _Quantizer:
         """Float features ``v``, held as integers ``iv`` = v * 2^frac (an
         encoded input, or an integer input cast to float: frac 0), centred
         and scaled by a qinput for the first dense layer."""
-        lo, hi = widen(*self.cal.input_range(v), self.opts.input_margin)
+        lo, hi = widen(*self.input_range(v), self.opts.input_margin)
         centre, shift = encode_input(lo, hi, frac, min_shift=0 if integer else 1)
         step = np.ldexp(1.0, shift - np.array(frac))
         attrs = {"center": centre.tolist(), "shift": shift.tolist()}
@@ -488,7 +528,7 @@ class _Quantizer:
             attrs = {"mode": "lut", "fn": act, "scale": (sa * 2.0 ** LUT_FUNCS[act]).tolist()}
             q = QParams(2.0 ** -15, 0, 0 if act == "sigmoid" else -32767, 32767)
         else:
-            q = activation_params(*self.cal.range(op.output), self.opts.headroom)
+            q = activation_params(*self.range(op.output), self.opts.headroom)
             lo, hi = -32768, 32767
             if act == "relu" or (act == "leaky_relu" and params["alpha"] == 0):
                 lo = q.zp
@@ -505,6 +545,11 @@ class _Quantizer:
                 if params["alpha"] < 0:
                     attrs["flip"] = True
         attrs["shape"] = list(op.output.type.shape)
+        pin = (self.opts.pinned or {}).get("dense", {})
+        if pin:
+            if layer_name(op) not in pin:
+                _fail(op, "a dense layer the compiled model does not have")
+            attrs["acc_pin"], attrs["wide_pin"] = pin[layer_name(op)]
         weff = wq * sw                              # the weights the integers stand for
         rec = {"w_abs": np.abs(weff), "w_err": np.abs(weff - wf), "b_err": sa / 2,
                "lipschitz": max(1.0, abs(params.get("alpha", 1.0))) if act == "leaky_relu"
@@ -554,7 +599,7 @@ class _Quantizer:
             _check_alpha(op, alpha)
             # its output keeps its input's encoding: a slope over 1 or below
             # 0 maps negative inputs beyond it unless calibration shows not
-            lo, hi = self.cal.range(op.output)
+            lo, hi = self.range(op.output)
             if lo < (-32769 - qx.zp) * qx.scale or hi > (32768 - qx.zp) * qx.scale:
                 _fail(op, f"a LeakyRelu of slope {alpha:g} that does not follow a dense layer, "
                       "whose outputs leave its input's int16 encoding (move it right after "
@@ -572,6 +617,7 @@ class _Quantizer:
     def run(self) -> tuple[Graph, QuantInfo]:
         g = self.g
         self.info.input_margin = self.opts.input_margin
+        self.info.formats.update(headroom=self.opts.headroom, input_margin=self.opts.input_margin)
         self.int_source: dict[Value, Value] = {}
         inputs = [self.input(v) for v in g.inputs]
         self.graph_inputs = set(inputs)
@@ -597,7 +643,7 @@ class _Quantizer:
                 self.cast(op)
             elif op.kind in ("neg", "abs"):
                 xq, qx = self.per_tensor(op, op.inputs[0])
-                q = activation_params(*self.cal.range(op.output), self.opts.headroom)
+                q = activation_params(*self.range(op.output), self.opts.headroom)
                 self.emit("qact", [xq], {"mode": op.kind, "zp": qx.zp, "zp_out": q.zp,
                                          "scale": qx.scale / q.scale}, op.origin, op.output, q)
             elif op.kind in ("floor", "ceil", "round"):

@@ -136,11 +136,13 @@ def hook_tree(tree: Path) -> None:
 
 def cases(meta: dict | Path) -> int:
     """The KUnit cases of a model's suite (its kmlc.json, or its OUTDIR):
-    one per golden vector, the bad-arguments case, and for a model with
-    SIMD paths (kml_simd.h) the every-path case."""
+    one per golden vector, the bad-arguments case, for a model with SIMD
+    paths (kml_simd.h) the every-path case, and the weight-set cases: a
+    valid blob, every truncation, corruptions, one per forgery."""
     if not isinstance(meta, dict):
         meta = json.loads((Path(meta) / "kmlc.json").read_text())
-    return meta["golden_vectors"] + 1 + bool(meta.get("simd_macs"))
+    return meta["golden_vectors"] + 1 + bool(meta.get("simd_macs")) + 3 + \
+        meta["set_forgeries"]
 
 
 def stage_models(outdirs: list[Path]) -> list[dict]:

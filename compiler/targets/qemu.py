@@ -20,6 +20,7 @@ policy did (readahead per file, rsize per mount) is printed as INFO.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -29,6 +30,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from ..errors import KmlcError
 from .kernel import build_module
@@ -77,6 +80,7 @@ class Scenario:
     script: str = ""
     outdir: Path | None = None
     hook: object = None                                    # its kmlc.hooks owner, if any
+    swaps: bool = False                                    # it runs the swap scenario
 
 
 def tool(name: str) -> Path:
@@ -180,13 +184,16 @@ def build_initramfs(root: Path, scenarios: list[Scenario], init: str,
         entries.append((f"bin/{applet}", b"busybox", stat.S_IFLNK | 0o777))
     for m, data in modules:
         entries.append((f"lib/debian/{m}.ko", data, stat.S_IFREG | 0o644))
-    seen = set()
+    seen = {e[0] for e in entries}
     for sc in scenarios:
         entries.append((f"lib/kmlc/{sc.ko.name}", sc.ko.read_bytes(), stat.S_IFREG | 0o644))
         for dest, src in sc.files.items():
-            if dest not in seen:
-                seen.add(dest)
-                entries.append((dest, Path(src).read_bytes(), stat.S_IFREG | 0o755))
+            parents = list(Path(dest).parents)[-2::-1]      # its directories, outermost first
+            for d in [str(p) for p in parents] + [dest]:
+                if d not in seen:
+                    seen.add(d)
+                    entries.append((d, Path(src).read_bytes(), stat.S_IFREG | 0o755)
+                                   if d == dest else (d, None, stat.S_IFDIR | 0o755))
     entries.append(("init", init.encode(), stat.S_IFREG | 0o755))
     return gzip.compress(_cpio_newc(entries), compresslevel=1)
 
@@ -248,9 +255,11 @@ def _manifest(outdir) -> dict:
     return json.loads(man.read_text())
 
 
-def model_scenario(outdir: Path, kernel: Kernel, script: Path | None = None) -> Scenario:
+def model_scenario(outdir: Path, kernel: Kernel, script: Path | None = None,
+                   sets: list[bytes] | None = None, scratch: Path | None = None) -> Scenario:
     """Load the model's module (its self-test runs), run its hook's
-    scenario or the user's script, unload it."""
+    scenario or the user's script, swap in the weight sets ``sets`` (if
+    any), unload it."""
     from ..hooks import owner
 
     meta = _manifest(outdir)
@@ -281,6 +290,9 @@ sh /lib/kmlc/user-script.sh ); rc=$?
 {teardown.strip()}
 [ $rc -eq 0 ] && kml_result {mod}-script PASS "exit 0" || kml_result {mod}-script FAIL "exit $rc"
 """
+    if sets:
+        files.update(swap_files(Path(outdir), sets, scratch / mod))
+        body += swap_scenario(mod, hook, len(sets))
     text = f"""
 if insmod /lib/kmlc/{ko.name}; then
     if dmesg | grep -q "{mod}: selftest: .* bit-identical"; then
@@ -294,7 +306,96 @@ else
     echo "KMLC-RESULT {mod} FAIL insmod (selftest or symbol error: see dmesg)"
 fi"""
     return Scenario(mod, ko, needs=needs, files=files, script=text, outdir=Path(outdir),
-                    hook=hook)
+                    hook=hook, swaps=bool(sets))
+
+
+SWAPS = 100
+
+
+def swap_files(outdir: Path, blobs: list[bytes], into: Path) -> dict[str, Path]:
+    """The initramfs files of a swap scenario for the model in ``outdir``:
+    each blob (``set<k>.kmlw``), what the module must then say of it
+    (``expect<k>``: its version and the md5 of the twin's outputs on the
+    self-test's inputs with that set, as debugfs "goldens" prints them), and
+    forgeries made from the first: one byte corrupted, one byte short."""
+    from .user import Twin
+
+    meta = _manifest(outdir)
+    mod = meta["module"]
+    twin = Twin(outdir)
+    rows = [ln.split() for ln in (outdir / "kernel" / "selftest_inputs.txt").read_text()
+            .splitlines()]
+    x = np.array([[int(v, 16) for v in r] for r in rows], dtype=f"u{twin.in_dtype.itemsize}")
+    x = x.view(twin.in_dtype)
+    files = {}
+    into.mkdir(parents=True, exist_ok=True)
+    for k, blob in enumerate(blobs):
+        twin.load_weights(blob)
+        y = twin.run_raw(x)
+        bits = np.ascontiguousarray(y).view(f"u{y.dtype.itemsize}").reshape(len(x), -1)
+        text = "".join("".join(f"{int(b):x} " for b in row) + f"{int(n)}\n"
+                       for row, n in zip(bits, twin.last_saturations))
+        (into / f"set{k}.kmlw").write_bytes(blob)
+        (into / f"expect{k}").write_text(
+            f"{twin.weights_version} {hashlib.md5(text.encode()).hexdigest()}\n")
+        files[f"lib/kmlc/{mod}/set{k}.kmlw"] = into / f"set{k}.kmlw"
+        files[f"lib/kmlc/{mod}/expect{k}"] = into / f"expect{k}"
+    bad = bytearray(blobs[0])
+    bad[len(bad) // 2] ^= 0x20
+    (into / "corrupt.kmlw").write_bytes(bytes(bad))
+    (into / "short.kmlw").write_bytes(blobs[0][:-1])
+    files[f"lib/kmlc/{mod}/corrupt.kmlw"] = into / "corrupt.kmlw"
+    files[f"lib/kmlc/{mod}/short.kmlw"] = into / "short.kmlw"
+    return files
+
+
+def swap_scenario(module: str, hook, sets: int) -> str:
+    """Shell: SWAPS swaps cycling through the ``sets`` weight sets (while
+    the hook's load runs, for a model with a hook), each followed by the
+    module's version and its golden outputs on the new set, which must be
+    the twin's; then a corrupted and a truncated blob, each refused with the
+    running set kept; then rollback, once."""
+    setup = hook.setup(module) + hook.load_start() if hook is not None else ""
+    stop = hook.load_stop() + hook.teardown(module) if hook is not None else ""
+    count = hook.inferences(module) if hook is not None else "echo 0"
+    return f"""
+( M={module}; S=/sys/module/$M; L=/lib/kmlc/$M; G=/sys/kernel/debug/$M/goldens
+{setup.strip()}
+before=$({count})
+goldens() {{ cat $G | md5sum | cut -d' ' -f1; }}
+fail=""; i=0
+while [ $i -lt {SWAPS} ]; do
+    k=$((i % {sets})); read v h < $L/expect$k
+    cat $L/set$k.kmlw > $S/weights || fail="$fail swap$i"
+    [ "$(cat $S/weights_version)" = "$v" ] || fail="$fail version$i"
+    [ "$(goldens)" = "$h" ] || fail="$fail goldens$i"
+    i=$((i + 1))
+done
+was=$(cat $S/weights_version); sum=$(goldens)
+for f in corrupt short; do
+    cat $L/$f.kmlw > $S/weights 2>/dev/null && fail="$fail $f-taken"
+    [ "$(cat $S/weights_version)" = "$was" ] && [ "$(goldens)" = "$sum" ] || fail="$fail $f-moved"
+done
+dmesg | grep -q "$M: weights refused: checksum" || fail="$fail no-checksum-line"
+dmesg | grep -q "$M: weights refused: .* bytes (truncated" || fail="$fail no-truncated-line"
+k=$(( ({SWAPS} - 2) % {sets} )); read v h < $L/expect$k
+echo 1 > $S/rollback || fail="$fail rollback"
+[ "$(cat $S/weights_version)" = "$v" ] && [ "$(goldens)" = "$h" ] || fail="$fail rollback-set"
+echo 1 > $S/rollback 2>/dev/null && fail="$fail second-rollback"
+after=$({count})
+{stop.strip()}
+mode=$(stat -c %a $S/weights $S/weights_version $S/rollback | tr '\n' ' ')
+[ "$mode" = "200 444 200 " ] || fail="$fail modes:$mode"
+if [ -z "$fail" ]; then
+    kml_result $M-swap PASS "{SWAPS} swaps over {sets} sets, each version's golden outputs \
+the twin's; corrupted and truncated blobs refused; rollback; $((after - before)) inferences \
+meanwhile"
+else
+    kml_result $M-swap FAIL "$(echo $fail | cut -c1-300)"
+fi
+[ {1 if hook is not None else 0} -eq 0 ] || [ $((after - before)) -gt 0 ] ||
+    kml_result $M-swap-load FAIL "the hook ran no inference during the swaps" )
+"""
 
 
 def param_checks(module: str, hook) -> str:
@@ -416,16 +517,36 @@ def missing_steps(scenarios: list[Scenario], lines: list[str]) -> list[str]:
     seen = {ln.split(":", 1)[0] for ln in lines}
     out = []
     for sc in scenarios:
-        if sc.hook is not None:
-            gone = [s for s in sc.hook.steps if f"{sc.name}-{s}" not in seen]
+        steps = list(sc.hook.steps) if sc.hook is not None else []
+        steps += ["swap"] if sc.swaps else []
+        if steps:
+            gone = [s for s in steps if f"{sc.name}-{s}" not in seen]
             if gone:
                 out.append(f"{sc.name}: no result from " + ", ".join(gone))
     return out
 
 
+def match_sets(outdirs: list[Path], weights: list[Path]) -> dict[Path, list[bytes]]:
+    """Each ``.kmlw`` blob, by the model it was packed for (its structure
+    hash, bytes 8..40); one that fits no model is an error."""
+    by_hash = {_manifest(d).get("structure_sha256"): Path(d) for d in outdirs}
+    out: dict[Path, list[bytes]] = {}
+    for w in weights:
+        try:
+            blob = Path(w).read_bytes()
+        except OSError as e:
+            raise KmlcError(f"cannot read the weight set: {e.strerror}", where=str(w)) from None
+        d = by_hash.get(blob[8:40].hex())
+        if d is None:
+            raise KmlcError("a weight set for none of the models given (kmlc pack --like "
+                            "OUTDIR makes one)", where=str(w))
+        out.setdefault(d, []).append(blob)
+    return out
+
+
 def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
         script: Path | None = None, timeout: int | None = None, log=print,
-        log_path: Path | None = None) -> dict:
+        log_path: Path | None = None, weights: list[Path] = ()) -> dict:
     names = [_manifest(d)["module"] for d in outdirs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -433,13 +554,16 @@ def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
                         "module name once (compile with distinct --name)")
     if script is not None and not Path(script).is_file():
         raise KmlcError("no such script", where=str(script))
+    sets = match_sets(outdirs, weights)
     k = resolve(kernel, kdir, log=log)
-    scenarios = [model_scenario(d, k, script) for d in outdirs]
-    modules = debian_modules(k.root, scenarios)
-    init = init_script(scenarios, [m for m, _ in modules], debug=k.debug)
+    with tempfile.TemporaryDirectory(prefix="kmlc-swap-") as scratch:
+        scenarios = [model_scenario(d, k, script, sets.get(Path(d)), Path(scratch))
+                     for d in outdirs]
+        modules = debian_modules(k.root, scenarios)
+        init = init_script(scenarios, [m for m, _ in modules], debug=k.debug)
+        initramfs = build_initramfs(k.root, scenarios, init, modules)
     timeout = timeout or (1800 if k.debug else 600)
-    out = boot(build_initramfs(k.root, scenarios, init, modules), k, timeout=timeout,
-               log_path=log_path)
+    out = boot(initramfs, k, timeout=timeout, log_path=log_path)
     if log_path:
         Path(log_path).write_text(out)
     ok, lines = check(out)

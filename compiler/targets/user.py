@@ -174,8 +174,6 @@ class Twin:
         bytes, from ``kmlc pack``) instead of the built-in one; None goes
         back to the built-in set.  A blob for another structure, truncated
         or corrupted is refused and the current set stays."""
-        from ..weightset import check
-
         if weights is None:
             self._weights, self.weights_version = None, None
             return
@@ -186,11 +184,24 @@ class Twin:
                 weights = Path(weights).read_bytes()
             except OSError as e:
                 raise KmlcError(f"cannot read the weight set: {e.strerror}", where=what) from None
-        version, img = check(bytes(weights), fixed=bool(self.fixed), shash=self._structure,
-                             weight_bytes=self.weight_bytes, what=what)
-        buf = np.zeros(self.weight_bytes // 8 + 1, np.uint64)  # 8-byte aligned, as the struct
-        buf.view(np.uint8)[:len(img)] = np.frombuffer(img, np.uint8)
-        self._weights, self.weights_version = buf, version
+        self._weights, self.weights_version = self.check_set(bytes(weights), what)
+
+    def check_set(self, blob: bytes, what: str = "weights blob") -> tuple[np.ndarray, int]:
+        """The weight set in ``blob`` (8-byte aligned words holding the
+        struct) and its version, as the model's own C validates it
+        (kml_weights.h: the module runs the same code); a refused blob
+        raises KmlcError with its one-line reason."""
+        fn = getattr(self.lib, f"kml_{self.name}_check_set")
+        p = ctypes.c_void_p
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_ulong, p, p, p, p]
+        fn.restype = ctypes.c_int
+        buf = np.zeros(self.weight_bytes // 8 + 1, np.uint64)   # aligned as the struct
+        version, why, layer = ctypes.c_uint32(), ctypes.c_char_p(), ctypes.c_char_p()
+        if fn(blob, len(blob), buf.ctypes.data, ctypes.byref(version), ctypes.byref(why),
+              ctypes.byref(layer)):
+            node = f" (layer {layer.value.decode(errors='replace')})" if layer.value else ""
+            raise KmlcError(f"{what}: refused: {why.value.decode()}{node}")
+        return buf, version.value
 
     # The paths of a fixed-point model (kml_simd.h), in enum kml_path's order
     PATHS = ("scalar", *SIMD_ISAS)

@@ -226,8 +226,11 @@ def test_kunit_uml(fixed):
     res = kunit.run([d for d, _ in fixed.values()], arch="um")
     assert res["ok"], res["summary"]
     for name in MODELS:
-        # the golden vectors, bad arguments, and every path (SIMD models)
-        assert res["suites"][f"kml_{name}_fx"]["passed"] == GOLDEN + 2
+        # the golden vectors, bad arguments, every path (SIMD models), and the
+        # weight-set cases: the packed set, truncations, corruptions, each forgery
+        d = fixed[name][0]
+        assert res["suites"][f"kml_{name}_fx"]["passed"] == kunit.cases(d) \
+            == GOLDEN + 2 + 3 + json.loads((d / "kmlc.json").read_text())["set_forgeries"]
 
 
 @pytest.mark.kunit
@@ -239,9 +242,10 @@ def test_kunit_x86_64_fixed_and_float(fixed, tmp_path):
              golden_data=seed_models.sample_inputs("readahead", GOLDEN, seed=24))
     res = kunit.run([d for d, _ in fixed.values()] + [fp], arch="x86_64")
     assert res["ok"], res["summary"]
-    for n in MODELS:      # the golden vectors, bad arguments, every path
-        assert res["suites"][f"kml_{n}_fx"]["passed"] == GOLDEN + 2, res["summary"]
-    assert res["suites"]["kml_readahead_fp"]["passed"] == GOLDEN + 1, res["summary"]
+    for n in MODELS:      # the golden vectors, bad arguments, every path, weight sets
+        assert res["suites"][f"kml_{n}_fx"]["passed"] == kunit.cases(fixed[n][0]), \
+            res["summary"]
+    assert res["suites"]["kml_readahead_fp"]["passed"] == kunit.cases(fp), res["summary"]
 
 
 @pytest.mark.kernel

@@ -4,17 +4,21 @@ kernel_fpu_begin/end), a corrupted golden vector stops a module from
 loading, and every hook's scenario passes in Debian's 6.1 and 6.12
 kernels, its PREEMPT_RT kernel and the debug kernel kmlc builds (lockdep,
 KASAN, UBSAN, KFENCE), with models kmlc's authors did not design for it
-(every decision the same)."""
+(every decision the same); and weight sets hot-swapped 100 times while
+each hook runs (docs/weights.md)."""
 import json
 import re
 import subprocess
 
+import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
 import kernel_c
 from conftest import (EXAMPLES, SEED_MODELS, constant_policy, nfs_policy, readahead_policy,
                       seed_models)
-from kmlc.api import compile as kcompile
+from kmlc.api import compile as kcompile, pack
 from kmlc.hooks import owner
 from kmlc.targets import qemu
 
@@ -64,19 +68,22 @@ def hooked(tmp_path_factory):
     constant models: readahead always readreverse, admission always
     declining (so that its overlap rule is exercised)."""
     root = tmp_path_factory.mktemp("hooked")
-    out = {}
+    out, src = {}, {}
+    cal = seed_models.sample_inputs("heimdall", 2000, seed=42)
     kcompile(EXAMPLES / "heimdall.onnx", root / "heimdall", numerics="fixed",
-             hooks=["admission"], calibration=seed_models.sample_inputs("heimdall", 2000, seed=42))
+             hooks=["admission"], calibration=cal)
     out["admission"] = root / "heimdall"
+    src["admission"] = onnx.load(EXAMPLES / "heimdall.onnx"), cal
     m, cal = constant_policy(11, [10.0], act="Sigmoid")
     kcompile(m, root / "decline", name="decline", numerics="fixed", calibration=cal,
              hooks=["admission"])
-    out["admission-const"] = root / "decline"
+    out["admission-const"], src["admission-const"] = root / "decline", (m, cal)
     m, cal = readahead_policy()
     kcompile(m, root / "rafx", name="rapolicy", numerics="fixed", calibration=cal,
              hooks=["readahead"])
     kcompile(m, root / "rafp", name="rapolicy_fp", hooks=["readahead"])
     out["readahead-fx"], out["readahead-fp"] = root / "rafx", root / "rafp"
+    src["readahead-fx"], src["readahead-fp"] = (m, cal), (m, None)
     m, cal = constant_policy(5, [0.0, 0.0, 0.0, 1.0])
     kcompile(m, root / "raconst", name="raconst", numerics="fixed", calibration=cal,
              hooks=["readahead"])
@@ -86,12 +93,30 @@ def hooked(tmp_path_factory):
              hooks=["nfs-rsize"])
     kcompile(m, root / "nfsfp", name="nfspolicy_fp", hooks=["nfs-rsize"])
     out["nfs-fx"], out["nfs-fp"] = root / "nfsfx", root / "nfsfp"
+    src["nfs-fx"], src["nfs-fp"] = (m, cal), (m, None)
+    # three retrained versions of each (every weight and bias scaled by 0.95,
+    # 0.90, 0.85), packed for the compiled model: what the swap scenario loads
+    sets = {}
+    for key, (model, rows) in src.items():
+        sets[key] = []
+        for v in (1, 2, 3):
+            m = onnx.ModelProto()
+            m.CopyFrom(model)
+            for t in m.graph.initializer:
+                a = numpy_helper.to_array(t)
+                if a.dtype == np.float32:
+                    t.CopyFrom(numpy_helper.from_array(a * np.float32(1 - 0.05 * v), t.name))
+            path = root / f"{key}-v{v}.kmlw"
+            pack(m, out[key], path, calibration=rows, version=v)
+            sets[key].append(path)
+    out["sets"] = sets
     return out
 
 
-def check_hooks(res, dirs):
+def check_hooks(res, dirs, swaps=False):
     """Every step of every hook's scenario passed (the replay of its traces
-    through the twin included); what the policies did is only printed."""
+    through the twin included, and with ``swaps`` the weight-swap
+    scenario); what the policies did is only printed."""
     assert res["ok"], "\n".join(res["lines"])
     for d in dirs:
         meta = json.loads((d / "kmlc.json").read_text())
@@ -99,10 +124,19 @@ def check_hooks(res, dirs):
         status = {ln.split(":", 1)[0]: ln.split(": ", 1)[1].split(" ", 1)[0]
                   for ln in res["lines"] if ln.startswith(mod)}
         assert status[mod] == "PASS", res["lines"]
-        for step in hook.steps:
+        for step in hook.steps + (("swap",) if swaps else ()):
             assert status[f"{mod}-{step}"] in ("PASS", "INFO" if step == "overlap" else "PASS"), \
                 (step, res["lines"])
-    return {ln.split(":", 1)[0]: ln for ln in res["lines"]}
+    lines = {ln.split(":", 1)[0]: ln for ln in res["lines"]}
+    for d in dirs if swaps else ():
+        mod = json.loads((d / "kmlc.json").read_text())["module"]
+        m = re.search(r"100 swaps over 3 sets.* (\d+) inferences meanwhile", lines[f"{mod}-swap"])
+        assert m and int(m.group(1)) > 0, lines[f"{mod}-swap"]
+    return lines
+
+
+def sets_of(hooked, keys):
+    return [p for k in keys for p in hooked["sets"].get(k, [])]
 
 
 @pytest.mark.kernel
@@ -137,25 +171,30 @@ def test_hooks_in_real_6_12_kernel(hooked):
 def test_hooks_in_rt_kernel(hooked):
     """Debian's PREEMPT_RT kernel: spinlock_t sleeps there, so a hook that
     took one in a probe would log "BUG: sleeping function called from
-    invalid context"; the hooks' locks are raw."""
-    dirs = [hooked[k] for k in ("admission", "readahead-fx", "nfs-fp")]
-    res = qemu.run(dirs, kernel="rt")
+    invalid context"; the hooks' locks are raw.  Weight swaps under load
+    too."""
+    keys = ("admission", "readahead-fx", "nfs-fp")
+    dirs = [hooked[k] for k in keys]
+    res = qemu.run(dirs, kernel="rt", weights=sets_of(hooked, keys))
     assert res["release"].endswith("-rt-amd64")
-    check_hooks(res, dirs)
+    check_hooks(res, dirs, swaps=True)
 
 
 @pytest.mark.kernel
 def test_hooks_in_debug_kernel(hooked):
     """Linux 6.1 with lockdep, DEBUG_ATOMIC_SLEEP, KASAN, UBSAN and KFENCE:
-    every scenario, and no report in the kernel log."""
-    dirs = [hooked[k] for k in ("admission-const", "readahead-fx", "readahead-fp", "nfs-fx")]
-    res = qemu.run(dirs, kernel="debug")
+    every scenario, 100 weight swaps per hook while it runs (each version's
+    golden outputs the twin's, forgeries refused, rollback), and no report
+    in the kernel log."""
+    keys = ("admission-const", "readahead-fx", "readahead-fp", "nfs-fx")
+    dirs = [hooked[k] for k in keys]
+    res = qemu.run(dirs, kernel="debug", weights=sets_of(hooked, keys))
     assert res["release"].endswith("-kmlc-debug")
     config = (qemu.resolve("debug").root / "image" / "boot" /
               f"config-{res['release']}").read_text()
     for opt in ("PROVE_LOCKING", "DEBUG_ATOMIC_SLEEP", "KASAN", "UBSAN", "KFENCE"):
         assert f"CONFIG_{opt}=y" in config, opt
-    check_hooks(res, dirs)
+    check_hooks(res, dirs, swaps=True)
 
 
 SIMD_SCRIPT = """
@@ -262,7 +301,7 @@ def test_hooks_check_the_model(tmp_path):
 def test_hook_sources_are_kernel_style(hooked):
     """The hooks' C, runtime and generated binding alike, is checkpatch
     --strict clean: no error, warning or check."""
-    for d in hooked.values():
+    for d in (v for k, v in hooked.items() if k != "sets"):
         kernel_c.check_checkpatch_clean(d / "kernel", strict=True)
 
 
@@ -280,7 +319,7 @@ def test_build_matrix_every_installed_kernel(models, hooked, tmp_path):
     assert any(r.startswith("6.12.") for r in releases), releases
     assert any(r.endswith("-rt-amd64") for r in releases), releases
     for k in kdirs:
-        for src in [models[1], models[2], *hooked.values()]:
+        for src in [models[1], models[2], *(v for k, v in hooked.items() if k != "sets")]:
             d = tmp_path / f"{qemu.release_of(k)}-{src.parent.name}-{src.name}"
             shutil.copytree(src / "kernel", d)
             ko = kernel.build_module(d, kdir=k)  # raises on any warning

@@ -82,20 +82,49 @@ def test_pack_refuses_another_structure_in_one_line(float_pair, tmp_path):
 
 
 def test_fixed_point_sets(tmp_path):
-    """Fixed point: the same model packed for itself loads and runs as
-    compiled; a retrained one whose output encoding moved (its zero point
-    is a literal in the C) is refused, and pack needs calibration rows."""
+    """Fixed point: pack pins the compiled model's formats (every range,
+    weight width and accumulator), so a retrained model packs for it.  The
+    same model packed for itself runs as compiled, bit for bit; a retrained
+    one runs its own weights (its outputs track onnxruntime on the
+    retrained model, not the compiled one's); weights whose sums no longer
+    fit the compiled accumulator are refused in one line; pack needs
+    calibration rows."""
+    import onnxruntime as ort
+
     m = mlp_model([6, 20, 3], act="Relu", seed=1)
     onnx.save(m, tmp_path / "m.onnx")
     kcompile(m, tmp_path / "o", targets="user", numerics="fixed", calibration=rows(), name="wf")
     with pytest.raises(KmlcError, match="calibration"):
         pack(tmp_path / "m.onnx", tmp_path / "o", tmp_path / "s.kmlw")
     pack(tmp_path / "m.onnx", tmp_path / "o", tmp_path / "s.kmlw", calibration=rows(), version=2)
-    x = rows(50, seed=3)
+    x = rows(200, seed=3)
     twin = load(tmp_path / "o", weights=tmp_path / "s.kmlw")
     assert twin.weights_version == 2
     raw = twin.encode(x)
     assert np.array_equal(twin.run_raw(raw), load(tmp_path / "o").run_raw(raw))
-    onnx.save(mlp_model([6, 20, 3], act="Relu", seed=2), tmp_path / "m2.onnx")
-    with pytest.raises(KmlcError, match="structure differs"):
-        pack(tmp_path / "m2.onnx", tmp_path / "o", tmp_path / "s2.kmlw", calibration=rows())
+
+    m2 = mlp_model([6, 20, 3], act="Relu", seed=2)
+    onnx.save(m2, tmp_path / "m2.onnx")
+    pack(tmp_path / "m2.onnx", tmp_path / "o", tmp_path / "s2.kmlw", calibration=rows(seed=5))
+    twin.load_weights(tmp_path / "s2.kmlw")
+
+    def ref(model):
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+    y, y1, y2 = twin.run(x), ref(m), ref(m2)
+    err2, err1 = np.abs(y - y2).max(), np.abs(y - y1).max()
+    span = np.abs(y2).max()
+    assert err2 < 0.02 * span < err1, (err2, err1, span)
+    assert (y.argmax(1) == y2.argmax(1)).mean() >= 0.97
+
+    big = mlp_model([6, 20, 3], act="Relu", seed=2)
+    b = next(t for t in big.graph.initializer if t.name == "b0")   # fc0's bias, huge
+    b.CopyFrom(onnx.numpy_helper.from_array(np.full(tuple(b.dims), 1e9, np.float32), "b0"))
+    onnx.save(big, tmp_path / "big.onnx")
+    np.save(tmp_path / "cal.npy", rows())
+    res = kmlc_cli("pack", tmp_path / "big.onnx", "--like", tmp_path / "o", "-o",
+                   tmp_path / "big.kmlw", "--calibration", tmp_path / "cal.npy")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "accumulator" in res.stderr and res.stderr.strip().count("\n") == 0, res.stderr
+    assert not (tmp_path / "big.kmlw").exists()

@@ -1,8 +1,12 @@
-"""The weight set as bytes (compiler/weightset.py): the blob's image is the
-compiled struct's memory, byte for byte (read from the twin's shared
-library, an independent oracle); every truncation and every single-byte
-corruption is refused; the structure hash tells a retrained float model
-(the same C but for its constants) from another graph."""
+"""The weight set as bytes (compiler/weightset.py) and its reader, the
+model's own C (kml_set_check in runtime-kernel/kml_weights.h, run here
+through the twin, as the module runs it): the blob's image is the compiled
+struct's memory, byte for byte (read from the twin's shared library, an
+independent oracle); every truncation and every single-byte corruption is
+refused; a blob with a valid checksum whose header, records or values break
+what the kernels rely on is refused field by field; the structure hash
+tells a retrained float model (the same C but for its constants) from
+another graph."""
 import ctypes
 
 import numpy as np
@@ -10,7 +14,7 @@ import pytest
 
 from conftest import mlp_model
 from kmlc import weightset as ws
-from kmlc.api import compile as kcompile
+from kmlc.api import compile as kcompile, load
 from kmlc.errors import KmlcError
 
 
@@ -23,6 +27,20 @@ def build(tmp_path, numerics, seed=1, sizes=(6, 20, 3), tag=""):
     res = kcompile(mlp_model(list(sizes), seed=seed), d, targets="user", numerics=numerics,
                    calibration=rows() if numerics == "fixed" else None, name="wst")
     return d, res.program
+
+
+def unpack(d, blob):
+    """(version, image) as the model's C reads ``blob``."""
+    twin = load(d)
+    buf, version = twin.check_set(bytes(blob))
+    return version, buf.view(np.uint8)[:twin.weight_bytes].tobytes()
+
+
+def reseal(blob, offset, value: bytes):
+    b = bytearray(blob)
+    b[offset:offset + len(value)] = value
+    body = bytes(b[:-4])
+    return body + ws.crc32c(body).to_bytes(4, "little")
 
 
 def test_crc32c_check_value():
@@ -38,23 +56,27 @@ def test_image_is_the_compiled_struct(tmp_path, numerics):
     lib = ctypes.CDLL(str(d / "user" / "libkml_wst.so"))
     sym = ctypes.c_char.in_dll(lib, f"kml_{core}_builtin")
     compiled = ctypes.string_at(ctypes.addressof(sym), prog.weight_bytes)
-    version, img = ws.unpack(prog, ws.pack(prog, 7))
+    version, img = unpack(d, ws.pack(prog, 7))
     assert version == 7 and img == ws.image(prog) == compiled
 
 
 @pytest.mark.parametrize("numerics", ["float", "fixed"])
 def test_every_truncation_and_byte_corruption_is_refused(tmp_path, numerics):
-    _, prog = build(tmp_path, numerics)
+    d, prog = build(tmp_path, numerics)
+    twin = load(d)
     blob = ws.pack(prog, 1)
+    assert len(blob) == ws.blob_bytes(prog)
     for n in range(len(blob)):
-        with pytest.raises(KmlcError, match="bytes"):
-            ws.unpack(prog, blob[:n])
+        with pytest.raises(KmlcError, match="length"):
+            twin.check_set(blob[:n])
+    with pytest.raises(KmlcError, match="length"):
+        twin.check_set(blob + b"\0")
     for i in range(len(blob)):
         for flip in (0x01, 0x80, 0xFF):
             bad = bytearray(blob)
             bad[i] ^= flip
-            with pytest.raises(KmlcError) as e:
-                ws.unpack(prog, bytes(bad))
+            with pytest.raises(KmlcError, match="checksum") as e:
+                twin.check_set(bytes(bad))
             assert "\n" not in str(e.value)
 
 
@@ -68,29 +90,101 @@ def test_structure_hash_tells_models_apart(tmp_path):
     _, c = build(tmp_path, "float", seed=1, sizes=(6, 21, 3), tag="w")
     assert ws.structure_hash(a) == ws.structure_hash(b) != ws.structure_hash(c)
     # b's set loads where a's was compiled, and is b's own image
-    assert ws.unpack(a, ws.pack(b, 2)) == (2, ws.image(b))
+    assert unpack(d, ws.pack(b, 2)) == (2, ws.image(b))
     assert ws.image(a) != ws.image(b)
 
 
 def test_header_fields_are_checked_behind_a_valid_checksum(tmp_path):
-    """A blob whose checksum is right but whose header is not (a forged or
-    mis-built one) is refused field by field."""
-    _, prog = build(tmp_path, "fixed")
-    blob = bytearray(ws.pack(prog, 3))
-
-    def resealed(offset, value: bytes):
-        b = bytearray(blob)
-        b[offset:offset + len(value)] = value
-        body = bytes(b[:-4])
-        return body + ws.crc32c(body).to_bytes(4, "little")
-
-    cases = [(0, b"KMLX", "magic"), (4, b"\x02\x00", "format 2"), (6, b"\x00", "float weights"),
-             (8, bytes(32), "another model structure"), (44, b"\x00\x00\x00\x00", "header sizes")]
+    """A blob whose checksum is right but whose header or records are not (a
+    forged or mis-built one) is refused field by field."""
+    d, prog = build(tmp_path, "fixed")
+    twin = load(d)
+    blob = ws.pack(prog, 3)
     rec = ws.HEADER.size
-    cases += [(rec + 4, b"\x40", "64-bit sums"),
-              (rec + 8, (2**31).to_bytes(8, "little"), "does not fit")]
+    cases = [(0, b"KMLX", "magic"), (4, b"\x02\x00", "format"), (6, b"\x00", "float weights"),
+             (8, bytes(32), "another model structure"), (44, b"\x00\x00\x00\x00", "header sizes"),
+             (rec, b"\x07", "another kernel"), (rec + 4, b"\x40", "another kernel"),
+             (rec + 5, b"\x01", "another kernel"),
+             (rec + 8, (2**31).to_bytes(8, "little"), "record's bound"),
+             (rec + 8, (ws.dense_layers(prog)[0]["bound"] - 1).to_bytes(8, "little"),
+              "record's bound"),
+             (len(blob) - 4 - 1, b"\x01", None)]
+    pad = prog.weight_bytes - sum(b.nbytes for b in prog.weight_set())
     for offset, value, msg in cases:
+        if msg is None:          # the struct's last byte: tail padding, if it has any
+            msg = "tail padding" if pad else None
+            if msg is None:
+                continue
         with pytest.raises(KmlcError, match=msg):
-            ws.unpack(prog, resealed(offset, value))
+            twin.check_set(reseal(blob, offset, value))
+    assert twin.check_set(blob)[1] == 3
     with pytest.raises(KmlcError, match="version"):
         ws.pack(prog, -1)
+
+
+def test_values_are_reproven_behind_a_valid_checksum(tmp_path):
+    """The C re-proves each dense layer's bounds from the new values: a bias
+    or weights whose sums could overflow the accumulator, a requantization
+    word whose product with the bound reaches 2^63 or whose shift is 63,
+    an int16 weight of -32768, a changed input encoding (a format), and in
+    float a weight that is not finite: each refused, even with a record
+    that states the new bound."""
+    d, prog = build(tmp_path, "fixed", sizes=(6, 20, 20, 3))
+    twin = load(d)
+    blob = ws.pack(prog, 1)
+    img = ws.HEADER.size + ws.RECORD.size * len(ws.dense_layers(prog))
+    off = ws.member_offsets(prog)
+    layers = ws.dense_layers(prog)
+    L = layers[1]
+    bias, rq = L["members"]["b"], L["members"]["rq"]
+    btype = 4 if L["acc_bits"] == 32 else 8
+    big = (2**31 - 1 if btype == 4 else 2**62).to_bytes(btype, "little", signed=True)
+    refused = {
+        "overflow the 32-bit" if btype == 4 else "reach 2^62": reseal(blob, img + off[bias], big),
+        "requantization": reseal(blob, img + off[rq], (1 << 6 | 63).to_bytes(4, "little")),
+    }
+    # in int32 sums no multiplier (< 2^26) can reach 2^63: the largest passes
+    assert twin.check_set(reseal(blob, img + off[rq], ((2**26 - 1) << 6 | 20)
+                                 .to_bytes(4, "little")))[1] == 1
+    pinned = ws.pinned_members(prog)
+    assert pinned, "a fixed-point model has formats (its input encoding)"
+    refused["format"] = reseal(blob, img + off[pinned[0].name],
+                               bytes([ws.image(prog)[off[pinned[0].name]] ^ 1]))
+    for msg, bad in refused.items():
+        with pytest.raises(KmlcError, match=msg) as e:
+            twin.check_set(bad)
+        assert "layer" in str(e.value) or msg == "format"
+    # the int16 -32768 weight: a 16-bit layer
+    d16 = tmp_path / "w16"
+    p16 = kcompile(mlp_model([6, 20, 3], seed=1), d16, targets="user", numerics="fixed",
+                   calibration=rows(), name="wst", weight_bits="16").program
+    L16 = ws.dense_layers(p16)[0]
+    assert L16["wbytes"] == 2
+    b16 = ws.pack(p16, 1)
+    at = ws.HEADER.size + ws.RECORD.size * len(ws.dense_layers(p16)) + \
+        ws.member_offsets(p16)[L16["members"].get("w", L16["members"].get("w_tail"))]
+    with pytest.raises(KmlcError, match="-32768"):
+        load(d16).check_set(reseal(b16, at, (-32768).to_bytes(2, "little", signed=True)))
+    # int64 sums: a bias of 2^40 steps fits, but not times the largest multiplier
+    assert L16["acc_bits"] == 64, L16
+    base = ws.HEADER.size + ws.RECORD.size * len(ws.dense_layers(p16))
+    o16 = ws.member_offsets(p16)
+    w = next(op for op in p16.graph.ops if op.kind == "qdense").inputs[1].data
+    bound = int((2**40 + np.abs(w.astype(np.int64)).sum(axis=1) * L16["x_max"]).max())
+    n = L16["n"]
+    bad = bytearray(reseal(b16, base + o16[L16["members"]["b"]],
+                           np.full(n, 2**40, "<i8").tobytes()))
+    bad[ws.HEADER.size + 8:ws.HEADER.size + 16] = bound.to_bytes(8, "little")
+    for rqw, msg in ((((2**26 - 1) << 6 | 40), "requantization multiplier"), ((1 << 6 | 40), None)):
+        b = reseal(bytes(bad), base + o16[L16["members"]["rq"]], np.full(n, rqw, "<u4").tobytes())
+        if msg:
+            with pytest.raises(KmlcError, match=msg):
+                load(d16).check_set(b)
+        else:
+            assert load(d16).check_set(b)[1] == 1
+    # float: a NaN weight
+    df, pf = build(tmp_path, "float")
+    bf = ws.pack(pf, 1)
+    at = ws.HEADER.size + ws.member_offsets(pf)[pf.weight_set()[0].name]
+    with pytest.raises(KmlcError, match="not finite"):
+        load(df).check_set(reseal(bf, at, np.float32(np.nan).tobytes()))
