@@ -137,7 +137,7 @@ class Admission(Hook):
     def scenario(self, module: str, ko: str, cycles: int) -> str:
         return HELPERS + SCENARIO.format(module=module, ko=ko, cycles=cycles)
 
-    load = ("dd if=$KML_TARGET of=/dev/null bs=64k count=512 2>/dev/null; "
+    load = ("dd if=$KML_TARGET of=/dev/null bs=64k count=64 2>/dev/null; "
             "echo 1 > /proc/sys/vm/drop_caches")
 
     def inferences(self, module: str) -> str:

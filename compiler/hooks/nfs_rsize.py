@@ -151,7 +151,8 @@ CFLAGS_kml_nfs.o += $(call cc-disable-warning,tautological-constant-out-of-range
     def teardown(self, module: str) -> str:
         return "umount /mnt/kmlnfs\n"
 
-    load = "cat $KML_MOUNT/data > /dev/null; echo 3 > /proc/sys/vm/drop_caches"
+    load = ("dd if=$KML_MOUNT/data of=/dev/null bs=64k count=64 2>/dev/null; "
+            "echo 3 > /proc/sys/vm/drop_caches")
 
     def scenario(self, module: str, ko: str, cycles: int) -> str:
         return SERVER + SCENARIO.format(module=module, ko=ko, cycles=cycles)

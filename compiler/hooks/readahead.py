@@ -95,7 +95,8 @@ class Readahead(ClassHook):
     def scenario(self, module: str, ko: str, cycles: int) -> str:
         return SCENARIO.format(module=module, ko=ko, cycles=cycles)
 
-    load = "dd if=$KML_DISK of=/dev/null bs=128k 2>/dev/null; echo 1 > /proc/sys/vm/drop_caches"
+    load = ("dd if=$KML_DISK of=/dev/null bs=128k count=32 2>/dev/null; "
+            "echo 1 > /proc/sys/vm/drop_caches")
 
     def about(self, module: str, tag: str, rep: Replay) -> list[str]:
         dec = rep.info["decisions"]            # file, seq, class, ra_pages set

@@ -191,7 +191,10 @@ class Twin:
         struct) and its version, as the model's own C validates it
         (kml_weights.h: the module runs the same code); a refused blob
         raises KmlcError with its one-line reason."""
-        fn = getattr(self.lib, f"kml_{self.name}_check_set")
+        fn = getattr(self.lib, f"kml_{self.name}_check_set", None)
+        if fn is None:
+            raise KmlcError("this twin library predates weight-set checks; recompile the model",
+                            where=what)
         p = ctypes.c_void_p
         fn.argtypes = [ctypes.c_char_p, ctypes.c_ulong, p, p, p, p]
         fn.restype = ctypes.c_int
