@@ -163,6 +163,17 @@ def blob_bytes(prog: Program) -> int:
     return HEADER.size + RECORD.size * len(dense_layers(prog)) + prog.weight_bytes + 4
 
 
+def members_end(prog: Program) -> int:
+    """Where the struct's members end (tail padding follows): a model with
+    no constants has the one-byte member ``none``."""
+    return sum(b.nbytes for b in prog.weight_set()) or 1
+
+
+def f32_members(prog: Program) -> list[Buffer]:
+    """The float members, which a float model's new set must hold finite."""
+    return [b for b in prog.weight_set() if b.dtype.name == "f32"]
+
+
 def _layers(prog: Program) -> list[tuple[int, int, int]]:
     """(kernel index, accumulator bits, proven bound) per dense layer."""
     return [(d["kernel"], d["acc_bits"], d["bound"]) for d in dense_layers(prog)]
@@ -217,7 +228,7 @@ def corruption_cases(prog: Program) -> list[tuple[str, int, bytes, str]]:
            ("structure hash", 8 + 31, bytes([structure_hash(prog)[31] ^ 1]), "structure"),
            ("record count", 7, bytes([len(layers) + 1]), "header sizes"),
            ("set size", 44, (prog.weight_bytes + 8).to_bytes(4, "little"), "header sizes")]
-    end = sum(b.nbytes for b in prog.weight_set())
+    end = members_end(prog)
     if end < prog.weight_bytes:
         out.append(("tail padding", img + end, b"\x01", "padding"))
     for j, L in enumerate(layers):
@@ -244,7 +255,7 @@ def corruption_cases(prog: Program) -> list[tuple[str, int, bytes, str]]:
         out.append((f"format {b.name}", img + off[b.name],
                     bytes([image(prog)[off[b.name]] ^ 1]), "format"))
     if not fixed:
-        f32 = [b for b in prog.weight_set() if b.dtype.name == "f32"]
+        f32 = f32_members(prog)
         if f32:
             out.append((f"{f32[0].name} NaN", img + off[f32[0].name],
                         bytes.fromhex("0000c07f"), "finite"))

@@ -16,8 +16,8 @@ import numpy as np
 from .. import __version__
 from ..ir import c_identifier, c_text
 from ..schedule import SIMD_ISAS, Buffer, Kernel, Program
-from ..weightset import blob_bytes, corruption_cases, dense_layers, member_offsets, \
-    pinned_members, structure_hash
+from ..weightset import blob_bytes, corruption_cases, dense_layers, f32_members, \
+    member_offsets, members_end, pinned_members, structure_hash
 from ..weightset import pack as pack_blob
 from ..passes.quantize import layer_name
 
@@ -458,9 +458,9 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         # what kml_set_check() re-proves of a new weight set (kml_weights.h)
         "set_dense": dense_layers(prog), "blob_bytes": blob_bytes(prog),
         "set_offsets": member_offsets(prog),
-        "set_end": sum(b.nbytes for b in prog.weight_set()) if prog.weight_set() else 1,
+        "set_end": members_end(prog),
         "set_pinned": pinned_members(prog) if fixed else [],
-        "set_f32": [] if fixed else [b for b in prog.weight_set() if b.dtype.name == "f32"],
+        "set_f32": [] if fixed else f32_members(prog),
         "in_t": prog.in_dtype.ctype, "out_t": prog.out_dtype.ctype,
         "in_bits": BITS[prog.in_dtype.size][0], "out_bits": BITS[prog.out_dtype.size][0],
         "luts": luts, "counting": any(k.params.get("counts") for k in prog.kernels),

@@ -188,3 +188,32 @@ def test_values_are_reproven_behind_a_valid_checksum(tmp_path):
     at = ws.HEADER.size + ws.member_offsets(pf)[pf.weight_set()[0].name]
     with pytest.raises(KmlcError, match="not finite"):
         load(df).check_set(reseal(bf, at, np.float32(np.nan).tobytes()))
+
+
+@pytest.mark.parametrize("kind", ["float", "fixed", "no constants"])
+def test_kunit_forgery_table_is_refused_by_the_twin(tmp_path, kind):
+    """The KUnit suite's forgeries (weightset.corruption_cases), each refused
+    by the same C for its own reason, here through the twin: a model with
+    no constants too, whose set is the one-byte member "none" (no tail
+    padding to forge)."""
+    from onnx import TensorProto, helper
+
+    if kind == "no constants":
+        g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "noc",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        d = tmp_path / "noc"
+        prog = kcompile(m, d, targets="user", name="wst").program
+        assert prog.weight_set() == [] and ws.members_end(prog) == prog.weight_bytes == 1
+    else:
+        d, prog = build(tmp_path, kind)
+    twin = load(d)
+    blob = ws.pack(prog, 7)
+    assert twin.check_set(blob)[1] == 7
+    cases = ws.corruption_cases(prog)
+    assert len(cases) >= 6
+    for what, offset, data, why in cases:
+        with pytest.raises(KmlcError, match=why):
+            twin.check_set(reseal(blob, offset, data))
