@@ -262,8 +262,10 @@ def build_module(outdir: Path) -> Path:
 # --------------------------------------------------------------------------
 
 def feature_steps(work: Path, events: int = 2_000_000, rounds: int = 5) -> dict:
-    """Per-event cost of the readahead and NFS feature steps (c/features.c
-    over runtime-user/kml_features_twin.c, built with the twin's flags):
+    """Per-event cost of the readahead and NFS feature steps and of a
+    guarded decision, guards on and off (c/features.c over
+    runtime-user/kml_features_twin.c and kml_guard.h, built with the
+    twin's flags):
     ns per event (median over rounds) and, when valgrind is there,
     instructions per event (callgrind: repeatable on a noisy machine)."""
     import shutil
@@ -276,8 +278,10 @@ def feature_steps(work: Path, events: int = 2_000_000, rounds: int = 5) -> dict:
     run(["gcc", *[f for f in CFLAGS if f not in ("-fPIC",)], f"-I{runtime_kernel.DIR}", "-o", exe,
          CDIR / "features.c", runtime_user.DIR / "kml_features_twin.c"])
     out = {}
-    for step, fn in (("readahead", "kml_ra_step_miss"), ("nfs", "kml_nfs_step_event")):
-        kind = "ra" if step == "readahead" else "nfs"
+    for step, kind, fn in (("readahead", "ra", "kml_ra_step_miss"),
+                           ("nfs", "nfs", "kml_nfs_step_event"),
+                           ("guards on", "guard", "kml_bench_guard_step"),
+                           ("guards off", "noguard", "kml_bench_guard_step")):
         lines = run([exe, kind, events, rounds]).stdout.split()
         ns = [float(x) for x in lines[0::2]]
         r = {"ns_per_event": float(np.median(ns)), "ns_per_round": ns, "events": events,
@@ -289,7 +293,7 @@ def feature_steps(work: Path, events: int = 2_000_000, rounds: int = 5) -> dict:
             ann = run(["callgrind_annotate", "--inclusive=yes", cg]).stdout
             m = re.search(r"^\s*([\d,]+) \([^)]*\)\s+\S*:" + fn + r"\b", ann, re.M)
             # NFS: every 16th event is a reclaim scan, counted apart
-            stepped = n if kind == "ra" else n - n // 16
+            stepped = n - n // 16 if kind == "nfs" else n
             if m:
                 r["instructions_per_event"] = int(m.group(1).replace(",", "")) / stepped
         out[step] = r

@@ -259,13 +259,16 @@ def write(out: Path, models: list[dict], sweep: list[dict], peaks: dict, info: d
         L.append("")
 
     if steps:
-        L.append("## Hook feature steps\n")
+        L.append("## Hook feature steps and guards\n")
         L.append("What a hook's handler computes for one event, without its table lookup "
                  "and lock: the readahead window step (kml_ra_step) and the NFS one "
                  "(kml_nfs_step), from kml_features.h through the twin's feature library, "
                  "on synthetic streams (benchmarks/c/features.c: 64 files, half read "
                  "sequentially, 64-event windows; 4 mounts, READs, dones and page adds, 1 s "
-                 "windows).  Instructions from callgrind.\n")
+                 "windows); and one guarded decision with its cost (kml_guard.h: the "
+                 "envelope check of 5 features, kml_guard_decide, kml_guard_cost; 64 keys), "
+                 "every guard on (envelope, benefit 1 in 8, rate) and every guard off.  "
+                 "Instructions from callgrind.\n")
         L.append("| step | ns per event (median) | instructions per event | events |")
         L.append("|---|---:|---:|---:|")
         for name, r in steps.items():

@@ -25,7 +25,8 @@ import numpy as np
 from . import __version__
 from .calibrate import check_rows
 from .errors import KmlcError
-from .hooks import check_hook_params, check_hooks
+from .hooks import check_hook_params, check_hooks, owner
+from .hooks.guard import check_guards, envelope as guard_envelope
 from .passes import banner, run_pipeline
 from .schedule import Program
 from .weightset import corruption_cases, structure_hash
@@ -158,7 +159,7 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
             cc: str | None = None, calibration: np.ndarray | None = None,
             weight_bits: str | list = "auto", input_frac_bits: list[int] | None = None,
             input_margin: float = 0.0, headroom: float | None = None, hooks=(),
-            hook_params=()) -> CompileResult:
+            hook_params=(), guards=()) -> CompileResult:
     """Compile ``model`` into ``outdir``; the frontend follows the model's type:
 
         compile("m.onnx" | onnx.ModelProto, outdir)
@@ -167,7 +168,8 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
 
     ``numerics="fixed"`` needs ``calibration`` rows (N, in_elems).
     ``hook_params``: {name: value} or NAME=VALUE strings, the defaults of
-    the hook's module parameters (kmlc.hooks)."""
+    the hook's module parameters (kmlc.hooks); ``guards``: ``--guard``
+    specs, the guards on the hook's decisions (kmlc.hooks.guard)."""
     from .codegen import emit
     from .frontends import load as import_model
     from .targets import user
@@ -197,6 +199,8 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
     check_budget(prog, max_weight_bytes, max_workspace_bytes)
     prog.hooks = check_hooks(prog, hooks, targets)
     prog.hook_params = check_hook_params(prog.hooks, hook_params)
+    prog.guard = check_guards(guards, owner(prog.hooks[0]) if prog.hooks else None,
+                              guard_envelope(prog))
     source, sha = imported.source, imported.sha256
     render = lambda ts, goldens=None: emit.render(  # noqa: E731
         prog, ts, source=source, sha256=sha, user_cflags=" ".join(user.cflags(prog.numerics == "fixed")), goldens=goldens)
@@ -423,6 +427,9 @@ def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> di
         "fixed": fixed_interface(prog),
         "hooks": list(getattr(prog, "hooks", []) or []),
         "hook_params": dict(getattr(prog, "hook_params", {}) or {}),
+        "guard": getattr(prog, "guard", None) if getattr(prog, "hooks", None) else None,
+        # the envelope guard's [lo, hi] of the encoded features (kml_binding.h)
+        "guard_envelope": guard_envelope(prog) if getattr(prog, "hooks", None) else None,
     }
 
 

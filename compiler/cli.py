@@ -125,6 +125,10 @@ _INPUT_SHAPE = click.option(
 @click.option("--hook-param", "hook_params", multiple=True, metavar="NAME=VALUE",
               help="Compiled-in default of a hook's module parameter, e.g. "
               "history_writes=0; repeatable (docs/hooks.md).")
+@click.option("--guard", "guards", multiple=True, metavar="SPEC",
+              help="A guard on the hook's decisions: shadow, envelope[=PCT], benefit[=EVERY], "
+              "rate[=MS], or PARAMETER=VALUE (e.g. benefit_margin_pct=5); repeatable "
+              "(docs/hooks.md, Guards).")
 @click.option("--print-after-all", is_flag=True, help="Print the IR after every pass (stderr).")
 @click.option("--golden-data", type=click.Path(dir_okay=False),
               help="Rows (N, in_elems) .npy to use as KUnit golden inputs.")
@@ -133,7 +137,8 @@ _INPUT_SHAPE = click.option(
 @click.option("--max-weight-bytes", default=1 << 20, show_default=True, type=int)
 @click.option("--max-workspace-bytes", default=64 << 10, show_default=True, type=int)
 def compile_cmd(model, input_shapes, outdir, targets, name, numerics, calibration, weight_bits,
-                input_frac_bits, input_margin, headroom, hooks, hook_params, print_after_all,
+                input_frac_bits, input_margin, headroom, hooks, hook_params, guards,
+                print_after_all,
                 golden_data, golden_count, seed, max_weight_bytes, max_workspace_bytes):
     """Compile MODEL into OUTDIR: kernel/, user/, kunit/.  MODEL is an .onnx
     file, or FILE.py:NAME with NAME an nn.Module class or a function
@@ -149,7 +154,7 @@ def compile_cmd(model, input_shapes, outdir, targets, name, numerics, calibratio
                  max_workspace_bytes=max_workspace_bytes, calibration=cal,
                  weight_bits=weight_bits, input_frac_bits=_int_list(input_frac_bits),
                  input_margin=input_margin, headroom=headroom,
-                 hooks=hooks, hook_params=hook_params)
+                 hooks=hooks, hook_params=hook_params, guards=guards)
     m = r.manifest
     click.echo(f"kmlc: compiled {m['name']} ({m['numerics']}): {m['in_elems']} -> "
                f"{m['out_elems']} values, {m['kernels']} kernels, weights {m['weight_bytes']} B, "

@@ -89,6 +89,7 @@ def library() -> ctypes.CDLL:
     lib.kml_admit_extract.argtypes = [p, ul, p, p]
     lib.kml_ra_extract.restype = lib.kml_admit_extract.restype = ctypes.c_long
     lib.kml_ra_step_miss.argtypes = [p, s64, s64, u32, u32, u64, p, p]
+    lib.kml_ra_file_cost.argtypes, lib.kml_ra_file_cost.restype = [p], u64
     lib.kml_admit_step_complete.argtypes = [p, u32, u64, u64]
     lib.kml_admit_step_read.argtypes = [p, u64, u32, p, p]
     lib.kml_nfs_extract.argtypes = [p, ul, u64, p, p, p]
@@ -209,7 +210,9 @@ def _size(symbol: str) -> int:
 
 class ReadaheadStream:
     """The readahead hook's windows, one miss at a time: ``add()`` returns
-    the encoded features of the window the miss closes, else None."""
+    the encoded features of the window the miss closes, else None; then
+    ``last_cost`` is that window's cost for the benefit guard (ns per page
+    the reader consumed, kml_ra_step())."""
 
     def __init__(self, *, window_events: int = 64, window_ms: float = 1000.0, frac=None):
         if window_events < 2 or window_ms <= 0:
@@ -221,6 +224,7 @@ class ReadaheadStream:
         self._out = np.zeros(RA_FEATURES, dtype=np.int32)
         self._lib, self._state_size = library(), _size("kml_ra_file_size")
         self._ptrs = (self.frac.ctypes.data, self._out.ctypes.data)
+        self.last_cost = 0
 
     def add(self, t_ns: int, file: int, page: int, ra_pages: int) -> np.ndarray | None:
         st = self._files.get(file)
@@ -228,6 +232,7 @@ class ReadaheadStream:
             st = self._files[file] = ctypes.create_string_buffer(self._state_size)
         if self._lib.kml_ra_step_miss(st, t_ns, page, ra_pages, self.window_events,
                                       self.window_ns, *self._ptrs):
+            self.last_cost = int(self._lib.kml_ra_file_cost(st))
             return self._out.copy()
         return None
 

@@ -46,8 +46,12 @@
  * Counters are per CPU; leg health is an atomic bitmap; a failed read is
  * resubmitted from a work item; the dm event is raised from another.
  *
- * Tracing: the kml_admit_read and kml_admit_done events.  dmsetup status:
- * leg health and counters.
+ * Guards (kml_guard.h, docs/hooks.md): each decision passes them with the
+ * primary as the default, under the mirror's lock; a read decided on an
+ * A/B arm reports its latency, on whichever leg served it, from end_io().
+ *
+ * Tracing: the kml_admit_read, kml_admit_done and kml_guard events.
+ * dmsetup status: leg health, counters, the guards' counters.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -100,8 +104,10 @@ struct kml_mirror {
 	unsigned long failed;		/* bit i: leg i failed (set only, atomic bitops) */
 	bool elsewhere;			/* replicated_elsewhere: writes to leg 0 only */
 	u64 id;				/* in the trace */
-	raw_spinlock_t lock;		/* state, inflight, seq */
+	raw_spinlock_t lock;		/* state, inflight, seq, guard, gkey */
 	struct kml_admit_state state;
+	struct kml_guarded guard;	/* kml_guard.h: the mirror's guards */
+	struct kml_guard_key gkey;
 	u32 inflight;			/* reads and writes in flight on the primary */
 	u64 seq;
 	atomic64_t declined;
@@ -125,6 +131,7 @@ struct kml_io {
 	u8 kind;
 	u8 leg;				/* where the bio itself went */
 	u8 legs;			/* write: bit i, leg i has a copy */
+	u8 arm;				/* read: its A/B arm (kml_guard.h), or none */
 	bool history;			/* in the primary's queue: its completion is recorded */
 	bool done;			/* end_io has seen the bio's own completion */
 	bool retried;
@@ -225,9 +232,9 @@ static int kml_map_read(struct kml_mirror *m, struct bio *bio, struct kml_io *io
 	unsigned long failed = READ_ONCE(m->failed);
 	s32 f[KML_ADMIT_FEATURES];
 	unsigned long flags;
-	u32 qlen, every;
+	u32 qlen, every, arm = KML_GUARD_ARM_NONE;
 	u64 seq, ns = 0;
-	int d, leg;
+	int d, leg = 0;
 
 	if (failed == KML_BOTH_FAILED)
 		return DM_MAPIO_KILL;
@@ -244,10 +251,13 @@ static int kml_map_read(struct kml_mirror *m, struct bio *bio, struct kml_io *io
 	if (d >= 0) {
 		this_cpu_inc(m->stats->inferences);
 		this_cpu_add(m->stats->infer_ns, ns);
+		/* the guards: the default is what md raid1 does, the primary */
+		raw_spin_lock_irqsave(&m->lock, flags);
+		leg = kml_guarded_decide(&m->guard, &m->gkey, m->id, d, 0, f, &arm) > 0;
+		raw_spin_unlock_irqrestore(&m->lock, flags);
 	} else if (d != -ENODEV) {
 		this_cpu_inc(m->stats->infer_errors);
 	}
-	leg = d > 0;
 	if (leg) {
 		this_cpu_inc(m->stats->declined);
 		every = READ_ONCE(probe_every);
@@ -265,8 +275,11 @@ static int kml_map_read(struct kml_mirror *m, struct bio *bio, struct kml_io *io
 		leg = !leg;
 	}
 	io->leg = leg;
+	io->arm = arm;
 	if (!leg)
 		kml_primary_start(m, io);
+	else
+		io->start_ns = ktime_get_ns();
 	kml_count(m, leg, bio);
 	bio_set_dev(bio, m->leg[leg]->bdev);
 	io->iter = bio->bi_iter;
@@ -301,6 +314,12 @@ static int kml_read_done(struct kml_mirror *m, struct bio *bio, struct kml_io *i
 
 	if (io->history && !io->retried)
 		kml_primary_done(m, io, *error);
+	if (io->arm != KML_GUARD_ARM_NONE && !*error && !io->retried) {
+		/* the benefit guard's cost: the read's latency, on whichever leg */
+		raw_spin_lock_irqsave(&m->lock, flags);
+		kml_guarded_cost(&m->guard, m->id, io->arm, ktime_get_ns() - io->start_ns);
+		raw_spin_unlock_irqrestore(&m->lock, flags);
+	}
 	if (!*error || io->retried || (bio->bi_opf & REQ_RAHEAD) || *error == BLK_STS_NOTSUPP)
 		return DM_ENDIO_DONE;
 	kml_fail(m, io->leg);
@@ -504,10 +523,15 @@ static void kml_status(struct dm_target *ti, status_type_t type, unsigned int st
 	unsigned long failed = READ_ONCE(m->failed);
 	struct kml_mirror_stats t = { 0 };
 	unsigned int sz = 0, nfeat;
+	unsigned long flags;
+	struct kml_guard_counts g;
 	int cpu, i;
 
 	switch (type) {
 	case STATUSTYPE_INFO:
+		raw_spin_lock_irqsave(&m->lock, flags);
+		kml_guard_counts(&m->guard.g, &g);
+		raw_spin_unlock_irqrestore(&m->lock, flags);
 		for_each_possible_cpu(cpu)
 			kml_sum_u64(&t, per_cpu_ptr(m->stats, cpu), sizeof(t));
 		DMEMIT("%c%c reads=%llu declined=%llu probes=%llu overlaps=%llu",
@@ -520,6 +544,12 @@ static void kml_status(struct dm_target *ti, status_type_t type, unsigned int st
 			DMEMIT(" leg%d=%llu,%llu,%llu,%llu,%llu,%llu", i, t.leg[i].reads,
 			       t.leg[i].writes, t.leg[i].flushes, t.leg[i].fua, t.leg[i].discards,
 			       t.leg[i].errors);
+		DMEMIT(" guard=%llu,%llu,%llu,%llu,%llu,%llu,%llu", g.why[KML_WHY_MODEL],
+		       g.why[KML_WHY_SHADOW], g.why[KML_WHY_ENVELOPE], g.why[KML_WHY_CONTROL],
+		       g.why[KML_WHY_DEMOTED], g.why[KML_WHY_PROBE], g.why[KML_WHY_RATE]);
+		DMEMIT(" periods=%llu demotions=%llu promotions=%llu", g.periods, g.demotions,
+		       g.promotions);
+		DMEMIT(" envelope_trips=%llu demoted=%u", g.env_trips, g.demoted);
 		break;
 	case STATUSTYPE_TABLE:
 		DMEMIT("%s %s", m->leg[0]->name, m->leg[1]->name);
@@ -602,6 +632,7 @@ static int kml_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	ti->private = m;
 	m->ti = ti;
 	m->id = atomic64_inc_return(&kml_ids);
+	m->guard.id = m->id;
 	raw_spin_lock_init(&m->lock);
 	spin_lock_init(&m->retry_lock);
 	bio_list_init(&m->retries);

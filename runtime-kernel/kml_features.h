@@ -129,6 +129,7 @@ struct kml_ra_window {
 	s64 first, last, min, max;	/* offsets relative to first, clamped */
 	s64 sum;
 	u64 sum_sq, sum_abs_diff;
+	u64 pages;			/* pages the reader consumed (kml_ra_step()) */
 };
 
 /* A miss as the hook's trace flags it. */
@@ -142,6 +143,7 @@ static inline void kml_ra_reset(struct kml_ra_window *w)
 	w->sum = 0;
 	w->sum_sq = 0;
 	w->sum_abs_diff = 0;
+	w->pages = 0;
 }
 
 /* Adds a miss at page offset index; false once the window is full. */
@@ -194,19 +196,34 @@ static inline void kml_ra_features(const struct kml_ra_window *w, u32 ra_pages,
  * One miss of a file, as the hook handles it: at time t (ns), page offset
  * index, with the file's readahead ra_pages.  Adds the miss to the file's
  * window, opening one if none is open; if the window closes with it
- * (kml_ra_window_closes()), writes its features to f, empties the window
- * and returns true.  The hook, the twin's replay and kmlc.features use
- * this one step.
+ * (kml_ra_window_closes()), writes its features to f and its cost to
+ * *cost, empties the window and returns true.  The hook, the twin's
+ * replay and kmlc.features use this one step.
+ *
+ * The cost (the benefit guard's, kml_guard.h) is the window's time per
+ * page the reader consumed, ns: a miss that moves forward by at most the
+ * file's readahead counts the pages it moved over (the reader went
+ * through them: they were read ahead, and hit), any other miss one page.
+ * Readahead that is too small for a sequential reader makes it miss more
+ * often per page; readahead that is too large for a random reader makes
+ * each miss slower and consumes no more pages: either way the cost rises.
  */
 static inline bool kml_ra_step(struct kml_ra_window *w, u64 t, u64 index, u32 ra_pages,
-			       u32 window_events, u64 window_ns, const u8 *frac, s32 *f)
+			       u32 window_events, u64 window_ns, const u8 *frac, s32 *f,
+			       u64 *cost)
 {
+	s64 prev = w->last, step;
+
 	if (!w->n)
 		w->t0 = t;
-	kml_ra_add(w, index);
+	if (kml_ra_add(w, index)) {
+		step = w->last - prev;
+		w->pages += w->n > 1 && step > 0 && step <= (s64)ra_pages ? (u64)step : 1;
+	}
 	if (!kml_ra_window_closes(w, t - w->t0, window_events, window_ns))
 		return false;
 	kml_ra_features(w, ra_pages, frac, f);
+	*cost = (t - w->t0) / (w->pages ? w->pages : 1);
 	kml_ra_reset(w);
 	return true;
 }

@@ -144,7 +144,7 @@ static int kml_uint_param_set(const char *val, const struct kernel_param *kp)
 		return -EINVAL;
 	while ((tok = strsep(&s, ",")) != NULL) {
 		if (i == p->n || kstrtouint(strim(tok), 0, &v[i]) ||
-		    v[i] < p->lo || v[i] > p->hi)
+		    (v[i] < p->lo && (v[i] || !p->zero)) || v[i] > p->hi)
 			return -EINVAL;
 		i++;
 	}

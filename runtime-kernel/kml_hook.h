@@ -30,6 +30,9 @@
 #include <linux/debugfs.h>
 #include <linux/moduleparam.h>
 #include "kml_binding.h"
+#include "kml_guard.h"
+
+struct seq_file;
 
 /*
  * Fail the build when the kernel declares fn with another prototype than
@@ -78,7 +81,7 @@ void kml_hook_detached(void);
 
 /*
  * A module parameter of unsigned ints whose writes are checked: each value
- * in lo..hi, and an array written whole ("a,b,c,d", n values), else the
+ * in lo..hi (or 0, with zero set), and an array written whole ("a,b,c,d", n values), else the
  * write fails with -EINVAL and nothing changes.  Readers take each value
  * with READ_ONCE().  Declared with
  *
@@ -89,6 +92,7 @@ void kml_hook_detached(void);
 struct kml_uint_param {
 	unsigned int *v;
 	unsigned int n, lo, hi;
+	bool zero;		/* 0 is allowed too (a feature's "off") */
 };
 
 extern const struct kernel_param_ops kml_uint_param_ops;
@@ -119,6 +123,34 @@ static inline void kml_sum_u64(void *dst, const void *src, size_t size)
 	for (i = 0; i < size / sizeof(u64); i++)
 		d[i] += READ_ONCE(s[i]);
 }
+
+/* ---- guards (kml_guard.h, kml_guard.c) ------------------------------------ */
+
+/*
+ * One guard (a module's, or a mirror's) and its trace's numbering: the
+ * caller's lock serializes its steps.
+ */
+struct kml_guarded {
+	struct kml_guard g;
+	u64 id;			/* the trace's guard= */
+	u64 seq;
+};
+
+/*
+ * The decision to apply for the model's decision model on features f
+ * (dflt: the kernel's; KML_GUARD_KERNEL, what the kernel has), for key k
+ * (id key in the trace); *arm: whose cost the decision reports, if any
+ * (kml_guarded_cost()).  Any context but NMI; the caller holds the lock
+ * that serializes gd and k.  Traced as kml_guard.
+ */
+s32 kml_guarded_decide(struct kml_guarded *gd, struct kml_guard_key *k, u64 key, s32 model,
+		       s32 dflt, const s32 *f, u32 *arm);
+
+/* The cost of a decision made on arm (lower is better); the same context and lock. */
+void kml_guarded_cost(struct kml_guarded *gd, u64 key, u32 arm, u64 cost);
+
+/* The guard's counters and state, one "name value" line each (kml_guard_counts()). */
+void kml_guard_show(struct seq_file *m, const struct kml_guard_counts *g);
 
 /* The running kernel's release, for the one line a refused load prints. */
 const char *kml_release(void);

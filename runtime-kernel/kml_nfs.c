@@ -41,8 +41,12 @@
  * only.  Detaching (enabled=0) and unloading give every tracked mount its
  * negotiated rsize back.
  *
- * Tracing: the kml_nfs_event and kml_nfs_decision events.  debugfs (root
- * only): stats, mounts.
+ * Guards (kml_guard.h, docs/hooks.md): each voted rsize passes them with
+ * the negotiated rsize as the default, under the guards' raw spinlock
+ * (nested in the mount's); no benefit guard (the hook measures no cost).
+ *
+ * Tracing: the kml_nfs_event, kml_nfs_decision and kml_guard events.
+ * debugfs (root only): stats (with the guards' counters), mounts.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -109,7 +113,8 @@ struct kml_mount {
 	u32 id;				/* in the trace; a mount started afresh gets a new one */
 	u64 seq;			/* events and decisions so far: their order */
 	u32 orig, orig_pages;		/* rsize and rpages the mount negotiated */
-	u32 rsize;			/* rsize the model chose, 0 before */
+	u32 rsize;			/* rsize the guards let through, 0 before */
+	struct kml_guard_key gk;
 	int cls;			/* class of the last decision, -1 before */
 	struct kml_nfs_window w;
 	struct kml_nfs_votes votes;
@@ -143,6 +148,10 @@ struct kml_nfs_stats {
 
 static DEFINE_PER_CPU(struct kml_nfs_stats, kml_counts);
 
+/* The guards, one for every mount: nested inside a mount's lock. */
+static DEFINE_RAW_SPINLOCK(kml_guard_lock);
+static struct kml_guarded kml_guard;
+
 static void kml_walk(bool restore);
 
 static void kml_reap_fn(struct work_struct *work)
@@ -158,6 +167,7 @@ static void kml_mount_reset(struct kml_mount *m)
 	m->id = atomic_inc_return(&kml_ids);
 	m->seq = 0;
 	m->rsize = 0;
+	m->gk = (struct kml_guard_key){ .set = 0 };
 	m->cls = -1;
 	m->w = (struct kml_nfs_window){ .n = 0 };
 	m->votes = (struct kml_nfs_votes){ .head = 0 };
@@ -225,19 +235,23 @@ static struct kml_mount *kml_lookup(struct super_block *sb, struct nfs_server *s
 /* ---- the model ---------------------------------------------------------------------- */
 
 /*
- * The model's class cls for the mount's window: votes, clamps, and the
- * mount's rsize from now on (its lock held; the mount alive).
+ * The model's class cls for the mount's window, on features f: votes,
+ * clamps, and the guards decide the mount's rsize from now on (the voted
+ * one or the negotiated one); its lock held, the mount alive.
  */
-static void kml_nfs_decided(struct kml_mount *m, u64 window, int cls, u64 ns)
+static void kml_nfs_decided(struct kml_mount *m, u64 window, int cls, u64 ns, const s32 *f)
 {
-	u32 want = READ_ONCE(rsize[cls]), k = READ_ONCE(vote);
+	u32 want = READ_ONCE(rsize[cls]), k = READ_ONCE(vote), voted, arm;
 
 	m->cls = cls;
-	m->rsize = kml_nfs_decide(&m->votes, want, k, m->orig);
+	voted = kml_nfs_decide(&m->votes, want, k, m->orig);
+	raw_spin_lock(&kml_guard_lock);
+	m->rsize = kml_guarded_decide(&kml_guard, &m->gk, m->id, voted, m->orig, f, &arm);
+	raw_spin_unlock(&kml_guard_lock);
 	this_cpu_inc(kml_counts.inferences);
 	this_cpu_add(kml_counts.infer_ns, ns);
 	this_cpu_inc(kml_counts.per_class[cls]);
-	trace_kml_nfs_decision(m->id, m->seq++, window, cls, want, k, m->orig, m->rsize);
+	trace_kml_nfs_decision(m->id, m->seq++, window, cls, want, k, m->orig, voted);
 }
 
 /* The mount takes the rsize the model chose (its lock held; the mount alive). */
@@ -279,7 +293,7 @@ static void kml_work_fn(struct work_struct *work)
 		cls = kml_decide_with(f, &kml_work_buf);
 		raw_spin_lock_irqsave(&m->lock, flags);
 		if (cls >= 0 && m->key && m->id == id)
-			kml_nfs_decided(m, window, cls, ktime_get_ns() - t0);
+			kml_nfs_decided(m, window, cls, ktime_get_ns() - t0, f);
 		else if (cls < 0 && cls != -ENODEV)
 			this_cpu_inc(kml_counts.infer_errors);
 		raw_spin_unlock_irqrestore(&m->lock, flags);
@@ -307,7 +321,7 @@ static void kml_nfs_model(struct kml_mount *m, struct super_block *sb, u32 id, u
 	}
 	raw_spin_lock_irqsave(&m->lock, irq);
 	if (kml_is(m, sb, server) && m->id == id) {
-		kml_nfs_decided(m, window, cls, ns);
+		kml_nfs_decided(m, window, cls, ns, f);
 		kml_nfs_apply(m, server);
 	}
 	raw_spin_unlock_irqrestore(&m->lock, irq);
@@ -593,6 +607,8 @@ void kml_hook_detached(void)
 static int kml_stats_show(struct seq_file *m, void *p)
 {
 	struct kml_nfs_stats t = { 0 };
+	struct kml_guard_counts g;
+	unsigned long irq;
 	int cpu, i;
 
 	for_each_possible_cpu(cpu)
@@ -607,6 +623,10 @@ static int kml_stats_show(struct seq_file *m, void *p)
 	for (i = 0; i < KML_MODEL_OUTPUTS; i++)
 		seq_printf(m, " %llu", t.per_class[i]);
 	seq_puts(m, "\n");
+	raw_spin_lock_irqsave(&kml_guard_lock, irq);
+	kml_guard_counts(&kml_guard.g, &g);
+	raw_spin_unlock_irqrestore(&kml_guard_lock, irq);
+	kml_guard_show(m, &g);
 	return 0;
 }
 DEFINE_SHOW_ATTRIBUTE(kml_stats);

@@ -16,7 +16,8 @@
  *		window closed before it: features f)
  *   window	the number of the window closed here, 0 none
  * kml_nfs_decision: the model's class for window, the rsize its class asks
- *   (want), the vote length and what kml_nfs_decide() set (rsize).
+ *   (want), the vote length and what kml_nfs_decide() voted (rsize; the
+ *   guards may apply the negotiated rsize instead: kml_guard events).
  *
  * Replay (kmlc.hooks.nfs_rsize) reads these fields by the names printed
  * here: this header is the one definition of the format.

@@ -40,8 +40,14 @@
  * applies when it returns.  A decision is written to the file under its
  * set's lock, only while the file is still in the table.
  *
- * Tracing: the kml_ra_miss and kml_ra_decision events (kml_ra_trace.h).
- * debugfs (root only): stats, files.
+ * Guards (kml_guard.h, docs/hooks.md): each class the model picks passes
+ * them with the file's own readahead as the default, under the guards'
+ * raw spinlock (nested in the set's); the window a decision ran under
+ * reports its cost, the time per page the reader consumed (kml_ra_step()).
+ *
+ * Tracing: the kml_ra_miss and kml_ra_decision events (kml_ra_trace.h),
+ * kml_guard (kml_guard_trace.h).  debugfs (root only): stats (with the
+ * guards' counters), files.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -102,7 +108,9 @@ struct kml_ra_file {
 	struct kml_ra_window w;
 	u32 orig;		/* ra_pages when the hook first saw the file */
 	u32 set_to;		/* ra_pages the hook last wrote, if changed */
-	s32 cls;		/* class of the last decision, -1 none */
+	s32 cls;		/* the model's last class, -1 none (the guards may apply another) */
+	u32 arm;		/* the A/B arm of the decision in force (kml_guard.h) */
+	struct kml_guard_key gk;
 	bool changed;		/* the hook wrote set_to into the file */
 	bool hands_off;		/* an explicit choice: never written */
 #if !KML_MODEL_FIXED
@@ -120,6 +128,13 @@ struct kml_ra_set {
 
 static struct kml_ra_set *kml_sets;
 static atomic64_t kml_ids;
+
+/*
+ * The guards, one for every file: nested inside a set's lock, held for a
+ * guard's step (kml_guarded_decide(), kml_guarded_cost()).
+ */
+static DEFINE_RAW_SPINLOCK(kml_guard_lock);
+static struct kml_guarded kml_guard;
 
 struct kml_ra_stats {
 	u64 misses, faults, windows, inferences, infer_errors, infer_ns;
@@ -193,7 +208,7 @@ static struct kml_ra_file *kml_ra_get(struct kml_ra_set *set, struct file *file)
 	}
 	cur = READ_ONCE(file->f_ra.ra_pages);
 	*victim = (struct kml_ra_file){ .file = file, .id = atomic64_inc_return(&kml_ids),
-					.orig = cur, .cls = -1 };
+					.orig = cur, .cls = -1, .arm = KML_GUARD_ARM_NONE };
 	kml_ra_reset(&victim->w);
 	/*
 	 * Not the readahead open() gave the file (file_ra_state_init(): the
@@ -207,21 +222,26 @@ static struct kml_ra_file *kml_ra_get(struct kml_ra_set *set, struct file *file)
 }
 
 /*
- * Sets the file's readahead from class cls (set lock held, the file in the
- * table); the readahead it has afterwards.
+ * Sets the file's readahead from class cls, or gives the file its own
+ * back for KML_GUARD_KERNEL (set lock held, the file in the table); the
+ * readahead it has afterwards.
  */
 static u32 kml_ra_apply(struct kml_ra_file *e, int cls)
 {
 	struct file_ra_state *ra = &e->file->f_ra;
-	u32 cur = READ_ONCE(ra->ra_pages), want = READ_ONCE(ra_pages[cls]);
+	u32 cur = READ_ONCE(ra->ra_pages), want;
 
-	e->cls = cls;
 	if (e->hands_off)
 		return cur;
 	if (kml_ra_explicit(e, cur)) {
 		kml_ra_let_go(e);
 		return READ_ONCE(ra->ra_pages);
 	}
+	if (cls == KML_GUARD_KERNEL) {
+		kml_ra_restore(e);
+		return READ_ONCE(ra->ra_pages);
+	}
+	want = READ_ONCE(ra_pages[cls]);
 	if (want != cur) {
 		WRITE_ONCE(ra->ra_pages, want);
 		this_cpu_inc(kml_counts.changes);
@@ -233,12 +253,18 @@ static u32 kml_ra_apply(struct kml_ra_file *e, int cls)
 
 /* ---- the model ---------------------------------------------------------------------- */
 
-static void kml_ra_decided(struct file *file, u64 id, u64 seq, int cls, u64 ns)
+/*
+ * The model's class cls for the window miss seq of file closed, with
+ * features f: the guards decide what applies (the class, or the file's
+ * own readahead), and it applies while the file is in the table.
+ */
+static void kml_ra_decided(struct file *file, u64 id, u64 seq, int cls, u64 ns, const s32 *f)
 {
 	struct kml_ra_set *set = kml_set_of(file);
 	struct kml_ra_file *e;
 	unsigned long flags;
 	u32 pages = 0;
+	int d;
 
 	if (cls < 0) {
 		if (cls != -ENODEV)
@@ -247,8 +273,17 @@ static void kml_ra_decided(struct file *file, u64 id, u64 seq, int cls, u64 ns)
 	}
 	raw_spin_lock_irqsave(&set->lock, flags);
 	e = kml_ra_find(set, file);
-	if (e && e->id == id)
-		pages = kml_ra_apply(e, cls);
+	if (e && e->id == id) {
+		e->cls = cls;
+		d = cls;
+		if (!e->hands_off) {
+			raw_spin_lock(&kml_guard_lock);
+			d = kml_guarded_decide(&kml_guard, &e->gk, id, cls, KML_GUARD_KERNEL, f,
+					       &e->arm);
+			raw_spin_unlock(&kml_guard_lock);
+		}
+		pages = kml_ra_apply(e, d);
+	}
 	raw_spin_unlock_irqrestore(&set->lock, flags);
 	this_cpu_inc(kml_counts.inferences);
 	this_cpu_add(kml_counts.infer_ns, ns);
@@ -289,7 +324,7 @@ static void kml_work_fn(struct work_struct *work)
 			rcu_read_lock();
 			t0 = ktime_get_ns();
 			cls = kml_decide_with(f, &kml_work_buf);
-			kml_ra_decided(file, id, seq, cls, ktime_get_ns() - t0);
+			kml_ra_decided(file, id, seq, cls, ktime_get_ns() - t0, f);
 			rcu_read_unlock();
 		}
 	}
@@ -305,7 +340,7 @@ static void kml_ra_model(struct file *file, u64 id, u64 seq, const s32 *f)
 	u64 ns = 0;
 	int cls = kml_decide(f, &ns);
 
-	kml_ra_decided(file, id, seq, cls, ns);
+	kml_ra_decided(file, id, seq, cls, ns, f);
 }
 #else
 /* The float model, in process context: the work item finds the window pending. */
@@ -329,6 +364,7 @@ static void kml_ra_miss(struct file *file, u64 index, u32 kind)
 	struct kml_ra_set *set = kml_set_of(file);
 	s32 f[KML_RA_FEATURES] = { 0 };
 	bool closes, attached;
+	u64 cost = 0;
 	struct kml_ra_file *e;
 	unsigned long irq;
 
@@ -351,9 +387,16 @@ static void kml_ra_miss(struct file *file, u64 index, u32 kind)
 	if (!e->w.n)
 		flags |= KML_RA_NEW;
 	closes = kml_ra_step(&e->w, ktime_get_ns(), index, cur, events, window_ns,
-			     kml_model_frac(), f);
+			     kml_model_frac(), f, &cost);
 	if (closes)
 		flags |= KML_RA_CLOSES;
+	if (closes && e->arm != KML_GUARD_ARM_NONE) {
+		/* the window ran under the decision of the one before: its cost */
+		raw_spin_lock(&kml_guard_lock);
+		kml_guarded_cost(&kml_guard, id, e->arm, cost);
+		raw_spin_unlock(&kml_guard_lock);
+		e->arm = KML_GUARD_ARM_NONE;
+	}
 #if !KML_MODEL_FIXED
 	if (closes && attached) {
 		memcpy(e->f, f, sizeof(f));
@@ -504,6 +547,7 @@ static void kml_ra_walk(bool forget)
 			if (e->file) {
 				kml_ra_restore(e);
 				e->cls = -1;
+				e->arm = KML_GUARD_ARM_NONE;
 #if !KML_MODEL_FIXED
 				e->pending = false;
 #endif
@@ -525,6 +569,7 @@ void kml_hook_detached(void)
 static int kml_stats_show(struct seq_file *m, void *p)
 {
 	struct kml_ra_stats t = { 0 };
+	struct kml_guard_counts g;
 	unsigned long irq;
 	int cpu, i, s, tracked = 0;
 
@@ -545,6 +590,10 @@ static int kml_stats_show(struct seq_file *m, void *p)
 		   t.files, t.evictions, t.released, t.hands_off);
 	seq_printf(m, "changes %llu\nrestores %llu\ntracked %d\ncapacity %d\n", t.changes,
 		   t.restores, tracked, (int)KML_RA_CAPACITY);
+	raw_spin_lock_irqsave(&kml_guard_lock, irq);
+	kml_guard_counts(&kml_guard.g, &g);
+	raw_spin_unlock_irqrestore(&kml_guard_lock, irq);
+	kml_guard_show(m, &g);
 	return 0;
 }
 DEFINE_SHOW_ATTRIBUTE(kml_stats);

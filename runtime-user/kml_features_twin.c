@@ -19,6 +19,7 @@ const u8 kml_nfs_float_frac[KML_NFS_FEATURES] = KML_NFS_FLOAT_FRAC;
 struct kml_ra_file {
 	s64 id;
 	struct kml_ra_window w;
+	u64 cost;			/* the last window's, ns per page (kml_ra_step()) */
 };
 
 struct kml_nfs_mount {
@@ -34,6 +35,7 @@ const unsigned long kml_nfs_votes_size = sizeof(struct kml_nfs_votes);
 
 int kml_ra_step_miss(struct kml_ra_file *f, s64 t, s64 page, u32 ra_pages,
 		     u32 window_events, u64 window_ns, const u8 *frac, s32 *features);
+u64 kml_ra_file_cost(const struct kml_ra_file *f);
 long kml_ra_extract(const s64 *ev, unsigned long n, u32 window_events, u64 window_ns,
 		    const u8 *frac, s32 *features, s64 *closed_by);
 void kml_admit_step_complete(struct kml_admit_state *s, u32 qlen, u64 lat_ns, u64 bytes);
@@ -57,7 +59,13 @@ int kml_ra_step_miss(struct kml_ra_file *f, s64 t, s64 page, u32 ra_pages,
 		     u32 window_events, u64 window_ns, const u8 *frac, s32 *features)
 {
 	return kml_ra_step(&f->w, (u64)t, (u64)page, ra_pages, window_events, window_ns, frac,
-			   features);
+			   features, &f->cost);
+}
+
+/* The cost of the last window f closed (the benefit guard's, kml_ra_step()). */
+u64 kml_ra_file_cost(const struct kml_ra_file *f)
+{
+	return f->cost;
 }
 
 /* Slots of the batch extractors: structs whose first member is an s64 id. */

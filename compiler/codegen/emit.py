@@ -491,6 +491,7 @@ def hook_owner(prog: Program):
 def binding_context(prog: Program) -> dict:
     """What kml_binding.h says: the hook's decision and its parameters'
     compiled-in defaults, as C."""
+    from ..hooks import guard
     from ..hooks.base import c_value, doc_value
 
     hook = hook_owner(prog)
@@ -501,6 +502,7 @@ def binding_context(prog: Program) -> dict:
         return {"hook": None, "kconfig_needs": needs}
     values = getattr(prog, "hook_params", None) or hook.defaults()
     return {"hook": hook, "binding": hook.binding(prog), "kconfig_needs": needs,
+            "guard": guard.binding(prog),
             "hook_objects": [s[:-2] + ".o" for s in hook.kernel_sources],
             "hook_params": [{"macro": f"KML_{hook.stem.upper()}_{k.upper()}",
                              "value": c_value(v), "doc": doc_value(v)}

@@ -28,6 +28,7 @@ class Admission(Hook):
     name = "admission"
     stem = "admit"
     row_kinds = ("reads", "read completions", "write completions")
+    benefit = True
     params = {
         "probe_every": Param(64, 0, 2**32 - 1,
                              "send every Nth declined read to the primary anyway"),
@@ -119,8 +120,8 @@ class Admission(Hook):
     # ---- qemu -------------------------------------------------------------------------
 
     # the scenario's steps, each a KMLC-RESULT <module>-<step> line
-    steps = ("params", "mirror", "table", "attach-cycles", "ext4", "failed-table", "failover",
-             "overlap", "reload-cycles", "replay-mirror")
+    steps = ("params", "mirror", "table", "shadow", "attach-cycles", "ext4", "failed-table",
+             "failover", "overlap", "reload-cycles", "replay-mirror")
     needs = ["dm-mod", "dm-delay", "null_blk", "crc32c_generic", "ext4"]
     tools = ["kml_dmsetup", "kml_reader"]
 
@@ -260,6 +261,21 @@ dmsetup reload kmladm --table "$t1" && dmsetup suspend kmladm && dmsetup resume 
 t2=$(dmsetup table kmladm)
 [ -n "$t1" ] && [ "$t1" = "$t2" ] && kml_result $M-table PASS "$t2" ||
     kml_result $M-table FAIL "'$t1' reloaded as '$t2'"
+
+# shadow mode, switched on at run time: every read is decided (and
+# traced) but goes to the primary
+echo 1 > $P/guard_shadow
+r1=$(kml_leg kmladm 1 0); inf=$(kml_status kmladm inferences)
+sh0=$(kml_status kmladm guard | cut -d, -f2)
+echo 3 > /proc/sys/vm/drop_caches; read_all $DEV
+sr1=$(( $(kml_leg kmladm 1 0) - r1 )); sinf=$(( $(kml_status kmladm inferences) - inf ))
+sh=$(( $(kml_status kmladm guard | cut -d, -f2) - sh0 ))
+echo 0 > $P/guard_shadow
+if [ $bad -eq 0 ] && [ "$sinf" -gt 0 ] && [ "$sh" -eq "$sinf" ] && [ "$sr1" -eq 0 ]; then
+    kml_result $M-shadow PASS "$sinf reads decided in shadow mode, none sent to leg 1"
+else
+    kml_result $M-shadow FAIL "decided=$sinf shadow=$sh leg1_reads=$sr1 checksum_errors=$bad"
+fi
 
 # attach and detach the model 100 times under load
 bad=0

@@ -192,16 +192,19 @@ class Hook:
     # line; the first ``required_kinds`` must each occur for a PASS.
     row_kinds: tuple[str, ...] = ()
     required_kinds = 0
+    # the hook reports each guarded decision's cost: --guard benefit works
+    benefit = False
 
     @property
     def kernel_sources(self) -> list[str]:
         """The runtime-kernel C compiled into the module, besides the model."""
-        return ["kml_hook.c", f"kml_{self.stem}.c"]
+        return ["kml_hook.c", "kml_guard.c", f"kml_{self.stem}.c"]
 
     @property
     def kernel_files(self) -> list[str]:
         """Everything of the runtime the module's directory needs for the hook."""
-        return [*self.kernel_sources, "kml_hook.h", "kml_features.h", self.trace_header]
+        return [*self.kernel_sources, "kml_hook.h", "kml_features.h", "kml_guard.h",
+                "kml_guard_trace.h", self.trace_header]
 
     @property
     def user_sources(self) -> list[str]:
@@ -210,7 +213,7 @@ class Hook:
 
     @property
     def user_files(self) -> list[str]:
-        return [*self.user_sources, "kml_features.h"]
+        return [*self.user_sources, "kml_features.h", "kml_guard.h"]
 
     @property
     def trace_header(self) -> str:
@@ -269,10 +272,13 @@ class Hook:
         """Host-side verdicts on the scenario's trace dumps ({tag: text}):
         lines "NAME PASS|FAIL|INFO DETAIL": each dump replayed through the
         twin (``replay_verdict``), and what the hook adds (``about``)."""
+        from .guard import replay_verdicts
+
         out = []
         for tag, text in dumps.items():
             line, rep = self.replay_verdict(module, tag, text, twin)
             out.append(line)
+            out += replay_verdicts(module, tag, text, twin)
             if rep is not None:
                 out += self.about(module, tag, rep)
         return out

@@ -26,6 +26,7 @@ class Readahead(ClassHook):
     stem = "ra"
     features = FEATURES
     what = f"KML's {FEATURES} features"
+    benefit = True
     float_frac = "KML_RA_FLOAT_FRAC"
     params = {
         "window_events": Param(64, 2, 1024, "misses per window"),
@@ -83,7 +84,7 @@ class Readahead(ClassHook):
     # ---- qemu -------------------------------------------------------------------------
 
     # the scenario's steps, each a KMLC-RESULT <module>-<step> line
-    steps = ("params", "events", "table", "restore", "fadvise", "reload-cycles",
+    steps = ("params", "events", "table", "shadow", "restore", "fadvise", "reload-cycles",
              "replay-reads", "replay-multi", "files")
     needs = ["null_blk"]
     tools = ["kml_reader"]
@@ -126,7 +127,7 @@ stat_of() {{ awk -v k=$1 '$1 == k {{print $2}}' $D/stats; }}
 ios() {{ awk '{{print $1}}' /sys/block/$1/stat; }}
 # kmlr0..3: 32 MiB of the same random bytes (memory-backed), read and
 # checksummed; the others: I/O counts only (reads return no stored data)
-DISKS="kmlr0 kmlr1 kmlr2 kmlr3 kmlr4 kmlr5 kmlr6 kmlr7 kmlr8 kmlr9 kmlr10"
+DISKS="kmlr0 kmlr1 kmlr2 kmlr3 kmlr4 kmlr5 kmlr6 kmlr7 kmlr8 kmlr9 kmlr10 kmlr11"
 for d in $DISKS; do
     mkdir $C/$d; echo 512 > $C/$d/size; echo 1024 > $C/$d/max_sectors
     case $d in kmlr[0-3]) echo 32 > $C/$d/size; echo 1 > $C/$d/memory_backed ;; esac
@@ -178,12 +179,30 @@ else
     kml_result $M-table FAIL "$tracked files tracked, $decided with a decision, $ev evicted"
 fi
 
+# shadow mode, switched on at run time: every window is decided (and
+# traced) but no file's readahead changes; the guards' parameters refuse
+# values out of range
+echo 1 > $P/guard_shadow
+ch0=$(stat_of changes); sh0=$(stat_of guard_shadow); win0=$(stat_of windows)
+kml_reader seq /dev/kmlr11 8192 4096 > /dev/null; sleep 0.3
+ch=$(( $(stat_of changes) - ch0 )); sh=$(( $(stat_of guard_shadow) - sh0 ))
+win=$(( $(stat_of windows) - win0 ))
+echo 0 > $P/guard_shadow
+if [ "$win" -gt 0 ] && [ "$sh" -gt 0 ] && [ "$ch" -eq 0 ]; then
+    kml_result $M-shadow PASS "$win windows, $sh decided in shadow mode, $ch readahead changes"
+else
+    kml_result $M-shadow FAIL "windows=$win shadow=$sh changes=$ch"
+fi
+
 # detaching and unloading give each file its own readahead back: read I/Os
 # for 4096 sequential pages with the hook's 4 pages, then with the
 # kernel's 32.  Each phase starts a new stream at a far offset (a stream's
 # window does not shrink in Debian's 6.1: ondemand_readahead() keeps
 # max(size, next size)), after a first phase that gets the file its
 # decision (a float model's comes from a work item).
+# The guards off (at run time): the step compares the model's readahead
+# with the kernel's, decision by decision.
+for g in benefit_every rate_ms envelope_pct; do echo 0 > $P/guard_$g; done
 echo 4,4,4,4 > $P/ra_pages
 phases() {{ rm -rf /tmp/ph; mkdir -p /tmp/ph
     kml_reader phases /dev/$1 4096 3 /tmp/ph > /dev/null & }}

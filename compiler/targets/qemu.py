@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import KmlcError
+from ..hooks.guard import PARAMS as GUARD_PARAMS
 from .kernel import build_module
 from .kernels import Kernel, release_of, resolve  # noqa: F401  (release_of, for callers)
 from .kunit import cache_dir, locked
@@ -413,6 +414,11 @@ def param_checks(module: str, hook) -> str:
         else:
             bad = ["x", "-1", str(p.hi + 1)] + ([str(p.lo - 1)] if p.lo > 0 else [])
         calls.append(f"kml_rejects {module} {name} " + " ".join(bad))
+    for name, (_, lo, hi, zero) in GUARD_PARAMS.items():
+        # guard_envelope_pct's top is 0 in a model without an envelope
+        top = 100 if name == "envelope_pct" else hi
+        low = [str(lo - 1)] if lo > 1 or (lo == 1 and not zero) else []
+        calls.append(f"kml_rejects {module} guard_{name} x -1 {top + 1} " + " ".join(low))
     return f"""
 bad=$( {"; ".join(calls)} )
 [ -z "$bad" ] && kml_result {module}-params PASS "out-of-range writes refused" ||

@@ -398,6 +398,17 @@ class Twin:
             raise KmlcError(f"kml_twin_decide returned {ret}")
         return out
 
+    def guard(self, steps, cfg: dict | None = None, nkeys: int = 1) -> np.ndarray:
+        """Steps of a new guard (rows {kind, key, model, dflt, x, value}, as
+        ``TwinGuard.steps`` takes them) with ``cfg`` (default: the compiled
+        one): {applied, why, arm, state} per row."""
+        return TwinGuard(self, cfg, nkeys).steps(steps)
+
+    def guard_session(self, cfg: dict | None = None, nkeys: int = 1) -> "TwinGuard":
+        """A guard whose state lasts from call to call: for a simulator
+        that evaluates the guarded policy one decision at a time."""
+        return TwinGuard(self, cfg, nkeys)
+
     def _need_hook(self) -> None:
         if not self.meta.get("hooks"):
             raise KmlcError(f"{self.name} was compiled without --hooks")
@@ -424,3 +435,76 @@ class Twin:
         return out
 
     __call__ = run
+
+
+class TwinGuard:
+    """One guard of a hook module (``runtime-kernel/kml_guard.h``), run by
+    the module's own C in the twin: ``decide`` and ``cost`` are the
+    module's kml_guarded_decide() and kml_guarded_cost() without the clock
+    and the envelope check, which the caller supplies (``now``, ``outside``).
+    Keys (files, mirrors, mounts) are numbered 0..nkeys-1."""
+    COUNTERS = ("model", "shadow", "envelope", "control", "demoted", "probe", "rate",
+                "periods", "demotions", "promotions", "envelope_trips", "envelope_clears")
+
+    def __init__(self, twin: Twin, cfg: dict | None, nkeys: int):
+        from ..hooks import guard as G
+
+        twin._need_hook()
+        self.lib = twin.lib
+        base = dict(twin.meta.get("guard") or G.defaults())
+        unknown = set(cfg or {}) - set(G.PARAMS)
+        if unknown:
+            raise KmlcError(f"unknown guard parameters: {', '.join(sorted(unknown))}")
+        base.update(cfg or {})
+        self.cfg = np.array([base[k] for k in G.PARAMS], dtype=np.uint32)
+        size = ctypes.c_ulong.in_dll(self.lib, "kml_twin_guard_size").value
+        ksize = ctypes.c_ulong.in_dll(self.lib, "kml_twin_guard_key_size").value
+        self.nkeys = int(nkeys)
+        self._g = np.zeros(size // 8 + 1, dtype=np.uint64)
+        self._keys = np.zeros((ksize * self.nkeys) // 8 + 1, dtype=np.uint64)
+        fn = self.lib.kml_twin_guard
+        p = ctypes.c_void_p
+        fn.argtypes, fn.restype = [p, ctypes.c_ulong, p, p, p, ctypes.c_ulong, p], ctypes.c_long
+        self._fn = fn
+
+    def steps(self, rows) -> np.ndarray:
+        """Rows {kind, key, model, dflt, x, value}: kind 0 a decision (x:
+        bit 0 outside the envelope, bit 1 shadow mode on whatever the
+        configuration says; value: time, ns), kind 1 a cost (x: the arm;
+        value: the cost).  {applied, why, arm, state} per row."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1, 6)
+        out = np.zeros((len(rows), 4), dtype=np.int64)
+        ret = self._fn(rows.ctypes.data, len(rows), self.cfg.ctypes.data, self._g.ctypes.data,
+                       self._keys.ctypes.data, self.nkeys, out.ctypes.data)
+        if ret:
+            raise KmlcError(f"kml_twin_guard returned {ret}: a row's kind or key is out of range")
+        return out
+
+    def decide(self, model: int, dflt: int, *, key: int = 0, outside: bool = False,
+               now: int = 0) -> tuple[int, int, int]:
+        """The decision to apply, what decided it (kmlc.hooks.guard.WHY)
+        and its A/B arm (0 model, 1 default, 2 none)."""
+        o = self.steps([[0, key, model, dflt, int(outside), now]])[0]
+        return int(o[0]), int(o[1]), int(o[2])
+
+    def cost(self, arm: int, cost: int) -> bool:
+        """A decision's cost on arm (0..2^64-1, as the module's u64); True
+        when it ended an A/B period."""
+        v = int(np.array(cost, dtype=np.uint64).view(np.int64))
+        return bool(self.steps([[1, 0, 0, 0, arm, v]])[0, 0])
+
+    @property
+    def counters(self) -> dict[str, int]:
+        out = np.zeros(len(self.COUNTERS), dtype=np.uint64)
+        fn = self.lib.kml_twin_guard_counters
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p], None
+        fn(self._g.ctypes.data, out.ctypes.data)
+        return dict(zip(self.COUNTERS, map(int, out)))
+
+    @property
+    def state(self) -> int:
+        """KML_GUARD_DEMOTED_BIT (1) | KML_GUARD_TRIPPED_BIT (2), now (demotions
+        and promotions alternate, as trips and clears do)."""
+        c = self.counters
+        return int(c["demotions"] > c["promotions"]) | \
+            (2 * int(c["envelope_trips"] > c["envelope_clears"]))

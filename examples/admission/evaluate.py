@@ -25,13 +25,20 @@ def linnos_slow(twin):
 
 def hooked(outdir) -> dict:
     """The compiled admission hook in ``outdir`` as ``sim.heimdall``'s
-    arguments: the twin's decisions, the hook's fraction bits, and the
-    module's compiled-in history (``--hook-param history_writes``)."""
+    arguments: the twin's decisions, the hook's fraction bits, the
+    module's compiled-in history (``--hook-param history_writes``) and,
+    compiled with ``--guard``, its guards."""
     import kmlc
 
     tw = kmlc.load(outdir)
-    return {"decide": lambda f, decide=tw.decide: decide(f)[0], "frac": tw.hook_frac,
-            "history_writes": tw.meta.get("hook_params", {}).get("history_writes", True)}
+    out = {"decide": lambda f, decide=tw.decide: decide(f)[0], "frac": tw.hook_frac,
+           "history_writes": tw.meta.get("hook_params", {}).get("history_writes", True)}
+    cfg = tw.meta.get("guard")
+    if cfg and (cfg["benefit_every"] or cfg["envelope_pct"] or cfg["rate_ms"] or cfg["shadow"]):
+        # compiled with --guard: each mirror's guards, the module's own C
+        out["guard"] = tw.guard_session
+        out["envelope"] = tw.meta.get("guard_envelope")
+    return out
 
 
 def _policies(models: dict):

@@ -329,10 +329,20 @@ class AdmissionHook:
     per completion of a read or a write that entered the history, as the
     module traces them).  With ``trace``,
     ``log`` also keeps every I/O sent to the primary in submission order,
-    [1 read or 2 write, bytes, latency ns], for the labels."""
+    [1 read or 2 write, bytes, latency ns], for the labels.
 
-    def __init__(self, view, decide, probe_every: int = 64, trace: bool = False):
+    With ``guard`` (a ``twin.guard_session()``: the module's kml_guard.h),
+    each decision of the model passes the mirror's guards with the primary
+    as the default, as in the module (docs/hooks.md, "Guards"); ``envelope``
+    ([lo, hi] of the encoded features, or None) flags the features outside
+    it; a read decided on an A/B arm reports its latency, on whichever
+    replica served it (``cost``)."""
+
+    def __init__(self, view, decide, probe_every: int = 64, trace: bool = False,
+                 guard=None, envelope=None):
         self.view, self.decide, self.probe_every = view, decide, probe_every
+        self.guard = guard
+        self.envelope = None if envelope is None else [np.asarray(e) for e in envelope]
         self.inflight = 0
         self.reads = self.declined = self.probes = self.to_replica = self.writes = 0
         self.events = [] if trace else None
@@ -348,14 +358,20 @@ class AdmissionHook:
             self.log.append([kind, size, None])
         return kind, qlen, vtoken, idx
 
-    def map(self, size: int):
-        """A read: (to the replica?, token for end_io or None)"""
+    def map(self, size: int, t: int = 0):
+        """A read at time t: (to the replica?, token for end_io or None,
+        its A/B arm)"""
         f = self.view.read(size, self.inflight)
         d = int(self.decide(f))
         if self.events is not None:
             self.events.append((0, size, self.inflight, 0))
             self.decisions.append(d)
         self.reads += 1
+        arm = 2                               # KML_GUARD_ARM_NONE
+        if self.guard is not None:
+            lo_hi = self.envelope
+            out = lo_hi is not None and bool(np.any(f < lo_hi[0]) or np.any(f > lo_hi[1]))
+            d, _, arm = self.guard.decide(d, 0, outside=out, now=t)
         self.declined += d
         use = d > 0
         if use and self.probe_every and self.declined % self.probe_every == 0:
@@ -363,8 +379,13 @@ class AdmissionHook:
             use = False
         self.to_replica += use
         if use:
-            return True, None
-        return False, self._submit(READ_DONE, size, self.view.admitted(size))
+            return True, None, arm
+        return False, self._submit(READ_DONE, size, self.view.admitted(size)), arm
+
+    def cost(self, arm: int, latency_ns: int) -> None:
+        """A read decided on an A/B arm completed (end_io, on either leg)."""
+        if self.guard is not None and arm != 2:
+            self.guard.cost(arm, latency_ns)
 
     def write(self, size: int):
         """A write, sent to the primary: the token for end_io."""
@@ -393,34 +414,46 @@ class Admission(Policy):
     does.  ``view()`` makes each hook's feature state; ``decide(features)
     -> 0/1``."""
 
-    def __init__(self, name, size, view, decide, probe_every: int = 64, trace: bool = False):
+    def __init__(self, name, size, view, decide, probe_every: int = 64, trace: bool = False,
+                 guard=None, envelope=None):
         self.name, self.size = name, size
-        self.hooks = [AdmissionHook(view(), decide, probe_every, trace) for _ in (0, 1)]
+        self.hooks = [AdmissionHook(view(), decide, probe_every, trace,
+                                    guard() if guard else None, envelope) for _ in (0, 1)]
 
     def route(self, c, i, t):
-        to_replica, token = self.hooks[c].map(self.size[i])
-        return (1 - c if to_replica else c), token
+        to_replica, token, arm = self.hooks[c].map(self.size[i], t)
+        return (1 - c if to_replica else c), (c, arm, token)
 
     def write(self, d, i, t):
         return self.hooks[d].write(self.size[i])
 
     def completed(self, d, i, kind, t_arrival, svc, done, token, queue):
         # a read this hook sent to its primary, or a write through it
+        if kind == FIRST:
+            c, arm, token = token
+            self.hooks[c].cost(arm, done - t_arrival)
         if kind in (FIRST, WRITE) and token is not None:
             self.hooks[d].end_io(token, done - t_arrival, self.size[i])
 
     def counters(self) -> dict:
-        return {k: sum(getattr(h, k) for h in self.hooks)
-                for k in ("reads", "declined", "probes", "to_replica", "writes")}
+        out = {k: sum(getattr(h, k) for h in self.hooks)
+               for k in ("reads", "declined", "probes", "to_replica", "writes")}
+        if self.hooks[0].guard is not None:
+            for k in ("demotions", "promotions", "periods", "envelope_trips", "control",
+                      "demoted", "probe"):
+                out[f"guard_{k}"] = sum(h.guard.counters[k] for h in self.hooks)
+        return out
 
 
 def heimdall(size, decide, frac, probe_every: int = 64, trace: bool = False,
-             history_writes: bool = True) -> Admission:
+             history_writes: bool = True, guard=None, envelope=None) -> Admission:
     """The learned policy: Heimdall's features and the compiled model
     (``twin.decide``), or ``lambda f: 0`` to record training data.
-    ``history_writes=False``: see HeimdallView."""
+    ``history_writes=False``: see HeimdallView.  ``guard``: a function
+    making each mirror's guard (``twin.guard_session``), ``envelope``: the
+    compiled envelope (see AdmissionHook)."""
     return Admission("heimdall", size, lambda: HeimdallView(frac, history_writes), decide,
-                     probe_every, trace)
+                     probe_every, trace, guard, envelope)
 
 
 def linnos(size, model=None, probe_every: int = 64, record: bool = False) -> Admission:

@@ -102,13 +102,15 @@ def test_bytes_sweep_and_json(run):
 
 
 def test_feature_steps(run):
-    """The hooks' readahead and NFS feature steps, per event, through the
-    twin: a row each with a time and an instruction count."""
+    """The hooks' readahead and NFS feature steps, per event, and a guarded
+    decision, guards on and off, through the twin: a row each with a time
+    and an instruction count; the guards cost more on than off."""
     out, _ = run
     rows = {cells(ln)[0]: cells(ln) for ln in section((out / "benchmarks.md").read_text(),
                                                        "Hook feature steps")[2:]}
-    assert set(rows) == {"readahead", "nfs"}
+    assert set(rows) == {"readahead", "nfs", "guards on", "guards off"}
     for row in rows.values():
         assert float(row[1]) > 0 and float(row[2]) > 10, row
     js = json.loads((out / "results.json").read_text())["feature_steps"]
     assert js["readahead"]["instructions_per_event"] > 10
+    assert js["guards on"]["instructions_per_event"] > js["guards off"]["instructions_per_event"]

@@ -71,16 +71,17 @@ def hooked(tmp_path_factory):
     out, src = {}, {}
     cal = seed_models.sample_inputs("heimdall", 2000, seed=42)
     kcompile(EXAMPLES / "heimdall.onnx", root / "heimdall", numerics="fixed",
-             hooks=["admission"], calibration=cal)
+             hooks=["admission"], calibration=cal, guards=["envelope"])
     out["admission"] = root / "heimdall"
     src["admission"] = onnx.load(EXAMPLES / "heimdall.onnx"), cal
     m, cal = constant_policy(11, [10.0], act="Sigmoid")
+    # guards (here and above): their steps replay through the twin bit for bit
     kcompile(m, root / "decline", name="decline", numerics="fixed", calibration=cal,
-             hooks=["admission"])
+             hooks=["admission"], guards=["benefit"])
     out["admission-const"], src["admission-const"] = root / "decline", (m, cal)
     m, cal = readahead_policy()
     kcompile(m, root / "rafx", name="rapolicy", numerics="fixed", calibration=cal,
-             hooks=["readahead"])
+             hooks=["readahead"], guards=["benefit=4", "rate=50"])
     kcompile(m, root / "rafp", name="rapolicy_fp", hooks=["readahead"])
     out["readahead-fx"], out["readahead-fp"] = root / "rafx", root / "rafp"
     src["readahead-fx"], src["readahead-fp"] = (m, cal), (m, None)
@@ -127,6 +128,9 @@ def check_hooks(res, dirs, swaps=()):
         for step in hook.steps + (("swap",) if d in swaps else ()):
             assert status[f"{mod}-{step}"] in ("PASS", "INFO" if step == "overlap" else "PASS"), \
                 (step, res["lines"])
+        # every module's guard steps replayed, from its first, through the twin
+        assert any(k.startswith(f"{mod}-guard-") and v == "PASS" for k, v in status.items()), \
+            res["lines"]
     lines = {ln.split(":", 1)[0]: ln for ln in res["lines"]}
     for d in swaps:
         mod = json.loads((d / "kmlc.json").read_text())["module"]

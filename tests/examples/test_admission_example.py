@@ -432,3 +432,68 @@ def test_readme_shows_the_checked_in_results():
     table = [line for line in ablation.splitlines() if line.startswith("| learned")]
     assert len(table) == 5 and all(line in readme for line in table)
     assert json.loads((EXAMPLE / "results" / "ablation.json").read_text())["eval_seeds"] == 50
+    guards = (EXAMPLE / "results" / "guards.md").read_text()
+    table = [line for line in guards.splitlines() if line.startswith("|")]
+    assert len(table) == 7 and all(line in readme for line in table)
+    assert json.loads((EXAMPLE / "results" / "guards.json").read_text())["settings"]["seeds"] == 50
+
+
+# ---- the guards -------------------------------------------------------------------------
+
+def test_guarded_hook_is_the_modules_guard(tmp_path):
+    """The simulated hook with --guard benefit: its guards are the module's
+    own C (twin.guard_session), and each mirror's A/B steps, replayed from
+    the simulation through a fresh twin guard, give the same decisions; a
+    model that declines every read the learned one admits is demoted."""
+    import kmlc
+    from kmlc.hooks import guard as G
+
+    res = subprocess.run([sys.executable, str(EXAMPLE / "guards.py"), "--seeds", "2", "--out",
+                          tmp_path / "res", "--build", tmp_path / "build"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    js = json.loads((tmp_path / "res" / "guards.json").read_text())
+    assert (tmp_path / "res" / "guards.md").read_text().count("| inverted") == 2
+    for seed in js["seeds"]:
+        # the wrong model is demoted on every seed; the learned one's guarded
+        # average is no worse than the baseline's
+        assert seed["inverted_guarded"]["guard_demotions"] > 0
+        assert seed["learned_guarded"]["avg"] <= seed["baseline"]["avg"]
+        assert seed["inverted_guarded"]["avg"] < seed["inverted"]["avg"]
+    # step for step: what the simulated mirror's guard did is what a fresh
+    # guard of the twin does with the same steps
+    twin = kmlc.load(tmp_path / "build" / "inverted_guarded")
+    tr = traces.generate(1, traces.Config(duration_s=0.5))
+    rows = []
+
+    class Recorder:
+        def __init__(self):
+            self.g = twin.guard_session()
+
+        def decide(self, m, d, outside=False, now=0):
+            out = self.g.decide(m, d, outside=outside, now=now)
+            rows.append(([0, 0, m, d, int(outside), now], [*out, self.g.state]))
+            return out
+
+        def cost(self, arm, c):
+            ended = self.g.cost(arm, c)
+            rows.append(([1, 0, 0, 0, arm, c], [int(ended), 0, arm, self.g.state]))
+            return ended
+
+        @property
+        def counters(self):
+            return self.g.counters
+
+    one = [True]
+
+    def make():                          # record the first mirror's guard only
+        if one.pop() if one else False:
+            return Recorder()
+        return twin.guard_session()
+    pol = sim.heimdall(tr.size, lambda f: twin.decide(f)[0], twin.hook_frac,
+                       history_writes=False, guard=make)
+    sim.simulate(tr, pol)
+    steps = np.array([r[0] for r in rows], np.int64)
+    want = np.array([r[1] for r in rows], np.int64)
+    assert len(steps) > 1000 and G.WHY.index("control") in want[:, 1]
+    assert np.array_equal(twin.guard(steps), want)
