@@ -39,8 +39,8 @@ static struct kml_guard_cfg kml_cfg = {
 	module_param_cb(guard_##name, &kml_uint_param_ops, &kml_p_##name, 0644);	\
 	MODULE_PARM_DESC(guard_##name, desc " (default " KML_GUARD_##NAME##_DOC ")")
 
-/* the envelope guard only where the model has a calibrated envelope */
 KML_GUARD_PARAM(shadow, SHADOW, 0, 1, false, "1: apply the kernel's decision, trace the model's");
+/* the envelope guard only where the model has a calibrated envelope */
 KML_GUARD_PARAM(envelope_pct, ENVELOPE_PCT, 1, KML_GUARD_HAVE_ENVELOPE ? 100 : 0, true,
 		"fall back while over this percent of a block's inputs leave the envelope, 0 off");
 KML_GUARD_PARAM(envelope_events, ENVELOPE_EVENTS, 1, KML_GUARD_MAX_EVENTS, false,

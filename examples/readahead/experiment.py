@@ -91,6 +91,53 @@ class LearnedHook:
         return seen
 
 
+class GuardedHook(LearnedHook):
+    """The same hook with the module's guards (``--guard``: kml_guard.h,
+    through ``twin.guard_session()``): each window's class passes them with
+    the file's own readahead as the default (-1), as kml_ra_decided() does,
+    and the window a decision ran under reports its cost
+    (``ReadaheadStream.last_cost``: ns per page the reader consumed) on the
+    decision's A/B arm when it closes.  ``applied`` counts the decisions
+    by what decided them."""
+
+    def __init__(self, outdir: Path, cpu: Cpu = Cpu(), cfg: dict | None = None):
+        super().__init__(outdir, cpu)
+        self.guard = self.twin.guard_session(cfg, nkeys=KEYS)
+        self.keys: dict[int, int] = {}
+        self.own: dict[int, int] = {}      # id -> the file's own readahead
+        self.arm: dict[int, int] = {}      # id -> the arm of the decision in force
+
+    def __call__(self, sim: Sim, f: File, index: int, t: int) -> int:
+        s = self.files.setdefault(f.id, [None, 0, None])
+        own = self.own.setdefault(f.id, f.ra.ra_pages)
+        if s[2] is not None:                       # the work item has run
+            s[0], s[1], s[2] = s[2], own if s[2] < 0 else self.table[s[2]], None
+        if s[0] is not None:
+            f.ra.ra_pages = s[1]
+        sim.now += self.cpu.hook_event_ns
+        seen = f.ra.ra_pages
+        feats = self.stream.add(t, f.id, index, seen)
+        if feats is None:
+            return seen
+        arm = self.arm.pop(f.id, 2)
+        if arm != 2:
+            self.guard.cost(arm, self.stream.last_cost)
+        cls = int(self.twin.decide(feats)[0])
+        sim.now += self.cpu.hook_infer_ns
+        self.decisions[cls] += sim.measuring
+        key = self.keys.setdefault(f.id, len(self.keys) % KEYS)
+        d, _, self.arm[f.id] = self.guard.decide(cls, -1, key=key, now=t)
+        if self.deferred:
+            s[2] = d
+        else:
+            s[0], s[1] = d, own if d < 0 else self.table[d]
+            f.ra.ra_pages = s[1]
+        return seen
+
+
+KEYS = 1024                              # the hook's table: 64 sets x 16 ways
+
+
 class ExploreHook:
     """The hook's windows without a model: each closed window's features
     (float encoding) are kept, then the file gets a random ra_pages from
@@ -153,14 +200,18 @@ def run(workload: str, device: str, policy: str, db: Db, *, seed: int, warm: int
         measure: int, outdir: Path | None = None, trace: list | None = None,
         hook=None, cpu: Cpu = Cpu(), app: CpuCosts = CpuCosts(), access: str = "pread") -> dict:
     """One run: the same operations (``seed``) whatever the policy.
-    ``policy``: "default", "fixed-N", "learned" (needs ``outdir``, a
-    compiled model) or "explore" (needs ``hook``)."""
+    ``policy``: "default", "fixed-N", "learned" or "guarded" (needs
+    ``outdir``, a compiled model; guarded: compiled with --guard) or
+    "explore" (needs ``hook``)."""
     if policy == "default":
         ra = DEFAULT_RA
     elif policy.startswith("fixed-"):
         ra = int(policy[6:])
     elif policy == "learned":
         hook = hook or LearnedHook(outdir, cpu)
+        ra = DEFAULT_RA
+    elif policy == "guarded":
+        hook = hook or GuardedHook(outdir, cpu)
         ra = DEFAULT_RA
     elif policy == "explore":
         ra = DEFAULT_RA
@@ -172,4 +223,6 @@ def run(workload: str, device: str, policy: str, db: Db, *, seed: int, warm: int
     out = sim.result()
     if isinstance(hook, LearnedHook):
         out["decisions"] = {c: int(v) for c, v in zip(CLASSES, hook.decisions)}
+    if isinstance(hook, GuardedHook):
+        out["guard"] = hook.guard.counters
     return out

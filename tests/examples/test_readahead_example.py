@@ -316,6 +316,40 @@ def test_learned_policy_is_the_modules(policy_dirs, numerics, access):
             assert ev[j, 3] == table[cls], (i, j)
 
 
+@pytest.mark.parametrize("numerics", ["fixed", "float"])
+def test_guarded_hook_runs_the_modules_guard(policy_dirs, numerics):
+    """The guarded hook (GuardedHook: the twin's kml_guard.h): in shadow
+    mode every file keeps its own readahead, so the page cache and the
+    device see exactly what they see under the default policy (only the
+    hook's CPU time differs); with every guard off the run is the learned
+    policy's; with the benefit guard every window's decision went through
+    the guard's A/B."""
+    from readahead.experiment import GuardedHook
+
+    outdir = policy_dirs[numerics]
+    db = Db(files=2, file_pages=8192, cache_pages=2048)
+
+    def go(policy, hook=None):
+        return run("mixgraph", "nvme", policy, db, seed=3, warm=0, measure=6000, hook=hook,
+                   outdir=outdir, access="mmap")
+    default, learned = go("default"), go("learned")
+    assert default["throughput_mb_s"] != learned["throughput_mb_s"]
+    shadow = go("guarded", GuardedHook(outdir, cfg={"shadow": 1}))
+    io = ("hit_ratio", "prefetched", "wasted_pages", "faults", "device_requests",
+          "device_pages_read", "async_calls", "fault_calls")
+    assert [shadow[k] for k in io] == [default[k] for k in io]
+    assert [learned[k] for k in io] != [default[k] for k in io]
+    assert shadow["guard"]["shadow"] > 20 and shadow["guard"]["model"] == 0
+    off = go("guarded", GuardedHook(outdir, cfg={}))
+    assert off["throughput_mb_s"] == learned["throughput_mb_s"]
+    hook = GuardedHook(outdir, cfg={"benefit_every": 2, "benefit_samples": 2,
+                                    "benefit_periods": 1})
+    ab = go("guarded", hook)
+    c = ab["guard"]
+    assert c["control"] > 5 and c["periods"] > 2
+    assert c["model"] + c["control"] + c["demoted"] + c["probe"] == sum(ab["decisions"].values())
+
+
 def test_explore_rows_are_kmlc_features():
     """The training rows (stream, one call at a time) are the batch
     extractor's windows of the recorded trace."""
