@@ -159,7 +159,6 @@ def replay(twin, rows: np.ndarray, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
                       np.where(rows[:, 3] == 0, rows[:, 6], rows[:, 10]), rows[:, 7]], 1)
     got = twin.guard(steps, dict(cfg, shadow=0), nkeys=len(keys))
     mod = rows[:, [8, 9, 10, 11]].astype(np.int64)
-    mod[rows[:, 3] == 1, 1] = 0
     return mod, got
 
 
