@@ -32,6 +32,7 @@ static struct kml_guard_cfg kml_cfg = {
 	.benefit_periods = KML_GUARD_BENEFIT_PERIODS,
 	.rate_ms = KML_GUARD_RATE_MS,
 	.benefit_probe_every = KML_GUARD_BENEFIT_PROBE_EVERY,
+	.benefit_trial = KML_GUARD_BENEFIT_TRIAL,
 };
 
 #define KML_GUARD_PARAM(name, NAME, lo, hi, zero, desc)					\
@@ -53,6 +54,8 @@ KML_GUARD_PARAM(benefit_margin_pct, BENEFIT_MARGIN_PCT, 0, 100, false,
 		"a period goes against the model: its mean cost over this % above the default's");
 KML_GUARD_PARAM(benefit_probe_every, BENEFIT_PROBE_EVERY, 2, KML_GUARD_MAX_SAMPLES, false,
 		"A/B: while the model is demoted, one decision in this many is its");
+KML_GUARD_PARAM(benefit_trial, BENEFIT_TRIAL, 0, 1, false,
+		"A/B: 1: the model starts on trial, trusted only once it wins by the margin");
 KML_GUARD_PARAM(benefit_periods, BENEFIT_PERIODS, 1, KML_GUARD_MAX_PERIODS, false,
 		"periods in a row that demote the model, or trust it again");
 KML_GUARD_PARAM(rate_ms, RATE_MS, 1, KML_GUARD_MAX_RATE_MS, true,
@@ -69,6 +72,7 @@ static void kml_guard_cfg_read(struct kml_guard_cfg *c)
 	c->benefit_periods = READ_ONCE(kml_cfg.benefit_periods);
 	c->rate_ms = READ_ONCE(kml_cfg.rate_ms);
 	c->benefit_probe_every = READ_ONCE(kml_cfg.benefit_probe_every);
+	c->benefit_trial = READ_ONCE(kml_cfg.benefit_trial);
 }
 
 s32 kml_guarded_decide(struct kml_guarded *gd, struct kml_guard_key *k, u64 key, s32 model,

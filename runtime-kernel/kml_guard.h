@@ -22,10 +22,13 @@
  *             most half that clears it.
  *   benefit   an A/B test of model against default, on the decisions
  *             where they differ (where they agree, either arm would do the
- *             same).  Of those, while the model is trusted, one in
- *             benefit_every takes the default (the control arm); while it
- *             is demoted, one in benefit_probe_every takes the model (its
- *             probe arm).  The
+ *             same).  With benefit_trial the model starts on trial: until
+ *             the first verdict those decisions alternate between default
+ *             and model, and the verdict trusts the model only when it
+ *             wins by the margin; without, it starts trusted.
+ *             While the model is trusted, one in benefit_every takes the
+ *             default (the control arm); while it is demoted, one in
+ *             benefit_probe_every takes the model (its probe arm).  The
  *             hook reports what each decision cost (kml_guard_cost(),
  *             lower is better).  When both arms hold benefit_samples
  *             costs a period ends; both arms' costs come from the same
@@ -35,9 +38,9 @@
  *             periods (the window) all came after the trust last changed,
  *             the arms' mean costs over the window compare: the model is
  *             demoted when its mean exceeds the default's by more than
- *             benefit_margin_pct percent, and trusted again when the
- *             default's exceeds its own by at least that much (the band
- *             between is the hysteresis).
+ *             benefit_margin_pct percent, and trusted (again, or after its
+ *             trial) when the default's exceeds its own by at least that
+ *             much (the band between is the hysteresis).
  *   rate      per key: the applied decision changes at most once in
  *             rate_ms; a change sooner keeps the key's decision.  A
  *             decision the rate guard overrides reports no cost.
@@ -80,6 +83,7 @@ enum kml_guard_why {
 #define KML_GUARD_MAX_SAMPLES 65536
 #define KML_GUARD_MAX_PERIODS 16
 #define KML_GUARD_MAX_RATE_MS 3600000
+#define KML_GUARD_TRIAL_EVERY 2U		/* on trial: the model takes one in this many */
 #define KML_GUARD_COST_MAX 0xffffffffULL	/* a cost is saturated to this */
 #define KML_GUARD_ARM_MAX 0x4000000U		/* costs an arm holds: sums < 2^58 */
 
@@ -93,10 +97,11 @@ struct kml_guard_cfg {
 	u32 benefit_periods;		/* 1..KML_GUARD_MAX_PERIODS */
 	u32 rate_ms;			/* 0: off */
 	u32 benefit_probe_every;	/* 2..KML_GUARD_MAX_SAMPLES */
+	u32 benefit_trial;		/* 1: the model starts on trial, 0: trusted */
 };
 
 /* The configuration as a u32 array (module parameters, the twin): in this order. */
-#define KML_GUARD_CFG_WORDS 9
+#define KML_GUARD_CFG_WORDS 10
 
 struct kml_guard {
 	u64 decisions;			/* kml_guard_decide() calls */
@@ -105,6 +110,7 @@ struct kml_guard {
 	u32 n[2];			/* their number, at most KML_GUARD_ARM_MAX */
 	u32 env_n, env_out;		/* this block: decisions, and those outside */
 	u32 env_tripped, demoted;
+	u32 judged;			/* the model has had its first verdict */
 	/* the last periods since the trust last changed: costs and counts per arm */
 	u64 win_cost[KML_GUARD_MAX_PERIODS][2];
 	u32 win_n[KML_GUARD_MAX_PERIODS][2];
@@ -202,7 +208,7 @@ static inline s32 kml_guard_decide(struct kml_guard *g, const struct kml_guard_c
 	u64 rate_ns = (u64)c->rate_ms * 1000000;
 	u32 a = KML_GUARD_ARM_NONE, w = KML_WHY_MODEL, every;
 	s32 d = model;
-	bool minority;
+	bool minority, held, trial;
 
 	g->decisions++;
 	kml_guard_envelope(g, c, outside);
@@ -213,16 +219,23 @@ static inline s32 kml_guard_decide(struct kml_guard *g, const struct kml_guard_c
 		d = dflt;
 		w = KML_WHY_ENVELOPE;
 	} else if (c->benefit_every && model != dflt) {
-		every = g->demoted && c->benefit_probe_every ? c->benefit_probe_every :
-			c->benefit_every;
+		/* the default holds the majority: the model is on trial or demoted */
+		trial = c->benefit_trial && !g->judged;
+		held = trial || g->demoted;
+		if (trial)
+			every = KML_GUARD_TRIAL_EVERY;
+		else if (g->demoted && c->benefit_probe_every)
+			every = c->benefit_probe_every;
+		else
+			every = c->benefit_every;
 		minority = ++g->differ % every == 0;
-		if (minority != !!g->demoted) {
+		if (minority != held) {
 			d = dflt;
 			a = KML_GUARD_ARM_DEFAULT;
 			w = g->demoted ? KML_WHY_DEMOTED : KML_WHY_CONTROL;
 		} else {
 			a = KML_GUARD_ARM_MODEL;
-			w = g->demoted ? KML_WHY_PROBE : KML_WHY_MODEL;
+			w = held ? KML_WHY_PROBE : KML_WHY_MODEL;
 		}
 	}
 	if (k && rate_ns) {
@@ -257,7 +270,7 @@ static inline bool kml_guard_cost(struct kml_guard *g, const struct kml_guard_cf
 	u32 periods = c->benefit_periods ? c->benefit_periods : 1;
 	u64 sum[2] = { 0, 0 }, mean_m, mean_d, margin = 100 + (u64)c->benefit_margin_pct;
 	u32 n[2] = { 0, 0 }, i, k, a;
-	bool change;
+	bool trust, trial;
 
 	if (!c->benefit_every || arm > KML_GUARD_ARM_DEFAULT || g->n[arm] >= KML_GUARD_ARM_MAX)
 		return false;
@@ -288,17 +301,20 @@ static inline bool kml_guard_cost(struct kml_guard *g, const struct kml_guard_cf
 	}
 	mean_m = sum[KML_GUARD_ARM_MODEL] / n[KML_GUARD_ARM_MODEL];
 	mean_d = sum[KML_GUARD_ARM_DEFAULT] / n[KML_GUARD_ARM_DEFAULT];
-	if (g->demoted)
-		change = mean_m * margin <= mean_d * 100;
+	/* on trial or demoted: trusted if better by the margin; trusted: kept unless worse by it */
+	trial = c->benefit_trial && !g->judged;
+	if (trial || g->demoted)
+		trust = mean_m * margin <= mean_d * 100;
 	else
-		change = mean_m * 100 > mean_d * margin;
-	if (change) {
+		trust = mean_m * 100 <= mean_d * margin;
+	g->judged = 1;
+	if (trial || trust == !!g->demoted) {
 		g->win_len = 0;
-		g->demoted = !g->demoted;
-		if (g->demoted)
-			g->demotions++;
-		else
+		g->demoted = !trust;
+		if (trust)
 			g->promotions++;
+		else
+			g->demotions++;
 	}
 	return true;
 }

@@ -319,7 +319,7 @@ static inline int kml_set_check(const struct kml_set_desc *d, const u8 *blob,
  * context may do, NMI included (Documentation/RCU/NMI-RCU.rst), and the
  * writer (kml_swap.c) frees a replaced set only after synchronize_rcu(),
  * which waits for RCU-sched readers too (the flavours are one since v5.0).
- * The twin runs a set it is given: there, only the built-in one.
+ * In the twin, *cur is the set Twin.load_weights() loaded (one twin, one thread).
  */
 static inline const void *kml_set_read_begin(const void __rcu *const *cur, const void *builtin)
 {
@@ -330,8 +330,7 @@ static inline const void *kml_set_read_begin(const void __rcu *const *cur, const
 	p = rcu_dereference_sched(*cur);
 	return p ? p : builtin;
 #else
-	(void)cur;
-	return builtin;
+	return *cur ? *cur : builtin;
 #endif
 }
 

@@ -47,6 +47,7 @@ const unsigned long kml_twin_guard_key_size = sizeof(struct kml_guard_key);
 long kml_twin_guard(const s64 *rows, unsigned long n, const u32 *cfg, void *g, void *keys,
 		    unsigned long nkeys, s64 *out);
 void kml_twin_guard_counters(const void *g, u64 *out);
+u32 kml_twin_guard_state(const void *g);
 
 /*
  * n steps of one guard, as the module takes them (kml_guarded_decide(),
@@ -67,7 +68,7 @@ long kml_twin_guard(const s64 *rows, unsigned long n, const u32 *cfg, void *g, v
 		.shadow = cfg[0], .envelope_pct = cfg[1], .envelope_events = cfg[2],
 		.benefit_every = cfg[3], .benefit_samples = cfg[4],
 		.benefit_margin_pct = cfg[5], .benefit_periods = cfg[6], .rate_ms = cfg[7],
-		.benefit_probe_every = cfg[8],
+		.benefit_probe_every = cfg[8], .benefit_trial = cfg[9],
 	};
 	struct kml_guard_key *k = keys;
 	u32 arm, why, shadow = c.shadow;
@@ -110,4 +111,10 @@ void kml_twin_guard_counters(const void *g, u64 *out)
 	out[i++] = s.promotions;
 	out[i++] = s.env_trips;
 	out[i] = s.env_clears;
+}
+
+/* The guard's state: kml_guard_state()'s bits. */
+u32 kml_twin_guard_state(const void *g)
+{
+	return kml_guard_state(g);
 }

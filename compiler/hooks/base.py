@@ -192,8 +192,11 @@ class Hook:
     # line; the first ``required_kinds`` must each occur for a PASS.
     row_kinds: tuple[str, ...] = ()
     required_kinds = 0
-    # the hook reports each guarded decision's cost: --guard benefit works
-    benefit = False
+    # None: the hook measures no cost of its decisions (--guard benefit is
+    # refused); else it reports each guarded decision's cost, and this holds
+    # its own values of the benefit guard's parameters (benefit_every: the
+    # one --guard benefit sets; the rest: kmlc.hooks.guard.PARAMS's defaults)
+    benefit: dict[str, int] | None = None
 
     @property
     def kernel_sources(self) -> list[str]:

@@ -34,6 +34,7 @@ PARAMS = {
     "benefit_periods": (4, 1, 16, False),
     "rate_ms": (0, 1, 3600000, True),
     "benefit_probe_every": (64, 2, 65536, False),
+    "benefit_trial": (1, 0, 1, False),
 }
 # --guard NAME turns a guard on with its main parameter at this value;
 # --guard NAME=V sets that parameter to V
@@ -57,6 +58,9 @@ def check_guards(specs, hook, envelope) -> dict[str, int]:
         specs = [specs]
     items = [s.strip() for spec in specs or () for s in str(spec).split(",") if s.strip()]
     cfg = defaults()
+    own = dict(getattr(hook, "benefit", None) or {})
+    switches = {param for param, _ in GUARDS.values()}
+    cfg.update({k: v for k, v in own.items() if k not in switches})
     if items and hook is None:
         raise KmlcError("--guard guards a hook's decisions: compile with --hooks")
     for item in items:
@@ -64,6 +68,7 @@ def check_guards(specs, hook, envelope) -> dict[str, int]:
         name = name.strip()
         if name in GUARDS:
             param, on = GUARDS[name]
+            on = own.get(param, on)
         elif name in PARAMS:
             param, on = name, None
         else:
@@ -83,7 +88,7 @@ def check_guards(specs, hook, envelope) -> dict[str, int]:
             allowed = f"0 or {lo}..{hi}" if zero else f"{lo}..{hi}"
             raise KmlcError(f"--guard {item}: {param} takes an integer in {allowed}")
         cfg[param] = v
-    if cfg["benefit_every"] and not hook.benefit:
+    if cfg["benefit_every"] and hook.benefit is None:
         raise KmlcError(f"--guard benefit: the {hook.name} hook measures no cost of its "
                         "decisions to compare with the kernel's (docs/hooks.md); use shadow, "
                         "envelope or rate")
@@ -173,7 +178,7 @@ def replay_verdicts(module: str, tag: str, text: str, twin) -> list[str]:
         guards = parse(text)
     except KmlcError as e:
         return [f"{module}-guard-{tag} FAIL {e}"]
-    cfg = dict(twin.meta.get("guard") or defaults())
+    cfg = {**defaults(), **(twin.meta.get("guard") or {})}
     out = []
     for gid, rows in guards.items():
         name = f"{module}-guard-{tag}" + (f"-{gid}" if len(guards) > 1 else "")

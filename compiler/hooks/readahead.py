@@ -26,7 +26,13 @@ class Readahead(ClassHook):
     stem = "ra"
     features = FEATURES
     what = f"KML's {FEATURES} features"
-    benefit = True
+    # A window's cost is its time per page consumed.  Where the model wins
+    # (mmap, random reads) it wins by 30-150%, where it loses (pread) by
+    # 1-2%, and each window it decides badly costs a whole window: so a
+    # short trial (8 samples an arm, a period) and one window in 16, not 8,
+    # to the control once trusted (examples/readahead/guards.py, README
+    # "Guarded and unguarded").
+    benefit = {"benefit_every": 16, "benefit_samples": 8}
     float_frac = "KML_RA_FLOAT_FRAC"
     params = {
         "window_events": Param(64, 2, 1024, "misses per window"),

@@ -176,6 +176,7 @@ class Twin:
         or corrupted is refused and the current set stays."""
         if weights is None:
             self._weights, self.weights_version = None, None
+            self._publish()
             return
         what = "weights blob"
         if not isinstance(weights, (bytes, bytearray)):
@@ -185,6 +186,15 @@ class Twin:
             except OSError as e:
                 raise KmlcError(f"cannot read the weight set: {e.strerror}", where=what) from None
         self._weights, self.weights_version = self.check_set(bytes(weights), what)
+        self._publish()
+
+    def _publish(self) -> None:
+        """Points the library's kml_<name>_current at the loaded set (NULL:
+        the built-in one), as the module's weights attribute publishes it:
+        every entry point that reads the current set (the hooks' decide and
+        replay, kml_<name>_infer) then runs on it."""
+        cur = ctypes.c_void_p.in_dll(self.lib, f"kml_{self.name}_current")
+        cur.value = None if self._weights is None else self._weights.ctypes.data
 
     def check_set(self, blob: bytes, what: str = "weights blob") -> tuple[np.ndarray, int]:
         """The weight set in ``blob`` (8-byte aligned words holding the
@@ -451,7 +461,7 @@ class TwinGuard:
 
         twin._need_hook()
         self.lib = twin.lib
-        base = dict(twin.meta.get("guard") or G.defaults())
+        base = {**G.defaults(), **(twin.meta.get("guard") or {})}
         unknown = set(cfg or {}) - set(G.PARAMS)
         if unknown:
             raise KmlcError(f"unknown guard parameters: {', '.join(sorted(unknown))}")
@@ -503,8 +513,8 @@ class TwinGuard:
 
     @property
     def state(self) -> int:
-        """KML_GUARD_DEMOTED_BIT (1) | KML_GUARD_TRIPPED_BIT (2), now (demotions
-        and promotions alternate, as trips and clears do)."""
-        c = self.counters
-        return int(c["demotions"] > c["promotions"]) | \
-            (2 * int(c["envelope_trips"] > c["envelope_clears"]))
+        """KML_GUARD_DEMOTED_BIT (1) | KML_GUARD_TRIPPED_BIT (2), now
+        (kml_guard_state())."""
+        fn = self.lib.kml_twin_guard_state
+        fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_uint32
+        return int(fn(self._g.ctypes.data))

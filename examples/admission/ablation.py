@@ -30,7 +30,6 @@ OUT/ablation.md and OUT/ablation.json (OUT: examples/admission/results).
 """
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -44,7 +43,8 @@ sys.path.insert(0, str(HERE.parent))
 import numpy as np  # noqa: E402
 
 from admission import evaluate, report, search, traces, train  # noqa: E402
-from kml_common.pipeline import Fail, Parser, kmlc, machine, missing_packages  # noqa: E402
+from kml_common.pipeline import (Fail, Parser, kmlc, machine, missing_packages,  # noqa: E402
+                                 script, write_results)
 
 TRAIN_SEEDS = 1000
 
@@ -139,17 +139,9 @@ def main(argv=None) -> int:
         "search": [{k: v for k, v in g.items() if k != "dir"} for g in points],
         "train": train_res, "eval": eval_res}, 5)
     run = {"machine": machine(), "timing_s": {"total": round(time.perf_counter() - t_start, 1)}}
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "ablation.json").write_text(json.dumps({**res, "run": run}, indent=1) + "\n")
-    md = markdown(res, run)
-    (a.out / "ablation.md").write_text(md)
-    print(md)
+    write_results(a.out, "ablation", {**res, "run": run}, markdown(res, run))
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Fail as e:
-        print(f"ablation.py: {e}", file=sys.stderr)
-        sys.exit(1)
+    script(main)

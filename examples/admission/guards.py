@@ -18,7 +18,6 @@ Writes OUT/guards.json and OUT/guards.md (OUT: examples/admission/results).
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -31,7 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 import numpy as np  # noqa: E402
 
 from admission import evaluate, search, sim, traces  # noqa: E402
-from kml_common.pipeline import Fail, Parser, kmlc, machine  # noqa: E402
+from kml_common.pipeline import Parser, kmlc, machine, script, write_results  # noqa: E402
 
 GUARDS = ["--guard", "benefit"]
 MODELS = ("learned", "learned_guarded", "inverted", "inverted_guarded")
@@ -159,16 +158,9 @@ def main(argv=None) -> int:
            "summary": evaluate.rounded(summary(per_seed), 5),
            "seeds": [evaluate.rounded(r, 5) for r in per_seed],
            "run": {"machine": machine(), "seconds": round(time.perf_counter() - t0, 1)}}
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "guards.json").write_text(json.dumps(res, indent=1) + "\n")
-    (a.out / "guards.md").write_text(markdown(res))
-    print(markdown(res))
+    write_results(a.out, "guards", res, markdown(res))
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Fail as e:
-        print(f"guards.py: {e}", file=sys.stderr)
-        sys.exit(1)
+    script(main)

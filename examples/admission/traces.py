@@ -50,6 +50,14 @@ device, the GC episodes and the write interference (both depend only on the
 writes, which no policy reroutes).  Every policy therefore sees exactly the
 same devices (common random numbers); only the routing differs.
 
+A device whose garbage collection changes part-way through (loop.py):
+``generate(seed, cfg, shift=(at_s, after))`` draws the same trace as
+``generate(seed, cfg)`` (same workload, same per-I/O draws) except that,
+from ``at_s`` seconds on, each replica's GC episodes follow ``after``'s
+``gc_mib``, ``gc_ms`` and ``gc_hit`` (the amount still to be written
+before the next episode is rescaled to ``after.gc_mib`` at the switch);
+every other parameter stays ``cfg``'s.
+
 Times are integer nanoseconds.
 """
 from __future__ import annotations
@@ -116,6 +124,7 @@ class Trace:
     dev: list = field(default_factory=list)   # two Devices
     read_iops: tuple = ()
     write_frac: tuple = ()
+    shift: tuple = ()       # (at_s, Config) when the GC pattern changes (generate)
 
     @property
     def n(self) -> int:
@@ -162,20 +171,25 @@ def _client_stream(rng, cfg: Config, iops: float, wfrac: float):
     return np.concatenate(t), np.concatenate(w), np.concatenate(size)
 
 
-def _device(rng, cfg: Config, t, write, size) -> Device:
+def _device(rng, cfg: Config, t, write, size, shift=()) -> Device:
     n = len(t)
     wt, ws = t[write], size[write]
-    # GC episodes: one per gc_mib (+-50%) written, never overlapping
+    # GC episodes: one per gc_mib (+-50%) written, never overlapping; with
+    # ``shift`` (at_s, Config), that Config's GC parameters from at_s on
+    g, at = cfg, (int(shift[0] * 1e9) if shift else None)
     starts, ends, hits = [], [], []
     cum, need, busy_until = 0, rng.uniform(0.5, 1.5) * cfg.gc_mib * 2**20, -1
     for ti, si in zip(wt.tolist(), ws.tolist()):
+        if at is not None and g is cfg and ti >= at:
+            g = shift[1]
+            need *= g.gc_mib / cfg.gc_mib
         cum += si
         if cum >= need and ti >= busy_until:
             starts.append(ti)
-            busy_until = ti + int(rng.uniform(*cfg.gc_ms) * MS)
+            busy_until = ti + int(rng.uniform(*g.gc_ms) * MS)
             ends.append(busy_until)
-            hits.append(rng.uniform(*cfg.gc_hit))
-            cum, need = 0, rng.uniform(0.5, 1.5) * cfg.gc_mib * 2**20
+            hits.append(rng.uniform(*g.gc_hit))
+            cum, need = 0, rng.uniform(0.5, 1.5) * g.gc_mib * 2**20
     # write interference: bytes written in the 5 ms before each 1 ms bin
     nbins = int(cfg.duration_s * 1e3) + 2
     per_ms = np.bincount(wt // MS, weights=ws, minlength=nbins)[:nbins]
@@ -192,9 +206,10 @@ def _device(rng, cfg: Config, t, write, size) -> Device:
                   rng.random((n, 4)).tolist())
 
 
-def generate(seed: int, cfg: Config = Config()) -> Trace:
+def generate(seed: int, cfg: Config = Config(), shift: tuple = ()) -> Trace:
     """The trace for ``seed``: both clients' streams merged in time order and
-    both replicas' states."""
+    both replicas' states.  ``shift`` (at_s, Config): the replicas' GC
+    pattern changes at at_s (the module docstring); otherwise the same trace."""
     rng = np.random.default_rng([seed, 0x4ad])
     iops = tuple(float(np.exp(rng.uniform(*np.log(cfg.read_iops)))) for _ in range(2))
     wfrac = tuple(float(rng.uniform(*cfg.write_frac)) for _ in range(2))
@@ -205,7 +220,7 @@ def generate(seed: int, cfg: Config = Config()) -> Trace:
     size = np.concatenate([p[2] for p in parts]).astype(np.int64)
     order = np.lexsort((client, t))         # time order; ties: client 0 first
     t, client, write, size = t[order], client[order], write[order], size[order]
-    devs = [_device(np.random.default_rng([seed, 0x4ad, d]), cfg, t, write, size)
+    devs = [_device(np.random.default_rng([seed, 0x4ad, d]), cfg, t, write, size, shift)
             for d in (0, 1)]
     return Trace(seed, cfg, t.tolist(), client.tolist(), write.tolist(), size.tolist(), devs,
-                 iops, wfrac)
+                 iops, wfrac, tuple(shift))

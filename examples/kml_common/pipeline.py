@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import platform
 import re
@@ -55,6 +56,45 @@ def kmlc(*args) -> dict:
     if res.returncode:
         raise Fail(f"{cmd}: {(res.stderr or res.stdout).strip()}")
     return {"command": cmd, "output": res.stdout.strip()}
+
+
+def script(main) -> None:
+    """Runs a script's ``main()`` and exits with its status; a Fail is one
+    line on stderr, the script's name first, and status 1."""
+    try:
+        sys.exit(main())
+    except Fail as e:
+        print(f"{Path(sys.argv[0]).name}: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def script_parser(doc: str, here: Path, name: str) -> Parser:
+    """The command line of an example's measuring script: --quick, --jobs,
+    --workdir (default HERE/build/NAME) and --out."""
+    p = Parser(description=doc.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--workdir", type=Path, default=here / "build" / name)
+    p.add_argument("--out", type=Path)
+    return p
+
+
+def script_dirs(a, here: Path) -> tuple[Path, Path]:
+    """(work, out) of a measuring script's arguments, created: out is
+    --out, else the workdir with --quick, else HERE/results."""
+    work = a.workdir.resolve()
+    out = (a.out or (work if a.quick else here / "results")).resolve()
+    for d in (work, out):
+        d.mkdir(parents=True, exist_ok=True)
+    return work, out
+
+
+def write_results(out: Path, stem: str, res: dict, md: str) -> None:
+    """OUT/STEM.json (``res``) and OUT/STEM.md (``md``, also printed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(md)
+    print(md)
 
 
 def pool(jobs: int):

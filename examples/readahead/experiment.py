@@ -35,6 +35,17 @@ def hook_table(outdir: Path, param: str, hook: str) -> list[int]:
     return [int(v) for v in params[param]]
 
 
+def checked_in_table() -> list[int]:
+    """run.py's class table (results/results.json): class -> ra_pages."""
+    here = Path(__file__).resolve().parent
+    return json.loads((here / "results" / "results.json").read_text())["class_table"]["table"]
+
+
+def hook_options(table: list[int]) -> tuple[str, ...]:
+    """kmlc compile's options for the readahead hook with ``table``."""
+    return ("--hooks", "readahead", "--hook-param", "ra_pages=" + ",".join(map(str, table)))
+
+
 def class_table(outdir: Path) -> list[int]:
     """The class -> ra_pages table of a model compiled with --hooks readahead."""
     return hook_table(outdir, "ra_pages", "readahead")

@@ -16,7 +16,6 @@ with --quick, --workdir).
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,11 +23,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from kml_common.pipeline import Fail, Parser, kmlc, machine, workers  # noqa: E402
+from kml_common.pipeline import (kmlc, machine, script, script_dirs,  # noqa: E402
+                                 script_parser, workers, write_results)
 from readahead.workloads import WORKLOADS  # noqa: E402
 
-GUARDS = ["--guard", "benefit", "--guard", "benefit_margin_pct=1",
-          "--guard", "benefit_samples=32"]
+GUARDS = ["--guard", "benefit"]
 POLICIES = ("default", "learned-fixed", "guarded-fixed", "learned-float", "guarded-float")
 SETUPS = ("mmap/nvme", "mmap/sata", "pread/nvme", "pread/sata")
 RANDOM = ("readrandom", "readrandomwriterandom", "mixgraph")
@@ -58,6 +57,29 @@ def summary(res: dict) -> dict:
     return out
 
 
+def acceptance(summ: dict) -> dict:
+    """Per guarded policy: its worst workload over every setup (must be at
+    least 0.995 of the default's), and its lowest random workload through
+    mmap (at least 1.25)."""
+    out = {}
+    for p in POLICIES[1:]:
+        if p.startswith("guarded"):
+            rows = {k.rsplit("/", 1)[0]: v for k, v in summ.items() if k.endswith("/" + p)}
+            worst = min(v["worst"] for v in rows.values())
+            mmap = min(v["random_min"] for k, v in rows.items() if k.startswith("mmap/"))
+            out[p] = {"worst": worst, "mmap_random_min": mmap,
+                      "met": worst >= 0.995 and mmap >= 1.25}
+    return out
+
+
+def verdict(g: dict) -> str:
+    """The guard's verdicts: "on trial" before the first, else the
+    promotions and demotions."""
+    if not g.get("promotions") and not g.get("demotions"):
+        return "on trial"
+    return f"{g['promotions']} up, {g['demotions']} down"
+
+
 def markdown(r: dict) -> str:
     L = [f"# The readahead hook's guards\n",
          f"`{r['command']}` on {r['run']['machine']}, {r['run']['seconds']} s.  Guards: "
@@ -65,7 +87,7 @@ def markdown(r: dict) -> str:
          "Linux's default (ra_pages 32), per setup (access/device); a guarded window's "
          "A/B cost is the next window's time per page consumed.\n",
          "| setup | workload | default MB/s | learned-fixed | guarded-fixed | learned-float "
-         "| guarded-float | guarded-fixed: demotions, control / model windows |",
+         "| guarded-float | guarded-fixed: verdict, control / model / probe windows |",
          "|---|---|---:|---:|---:|---:|---:|---|"]
     for setup, per_w in r["results"].items():
         for w, per_p in per_w.items():
@@ -73,38 +95,37 @@ def markdown(r: dict) -> str:
             g = per_p["guarded-fixed"].get("guard", {})
             L.append(f"| {setup} | {w} | {base:.1f} | " + " | ".join(
                 f"{per_p[p]['throughput_mb_s'] / base:.3f}" for p in POLICIES[1:]) +
-                f" | {g.get('demotions', 0)}, {g.get('control', 0)} / {g.get('model', 0)} |")
+                f" | {verdict(g)}, {g.get('control', 0)} / {g.get('model', 0)} / "
+                f"{g.get('probe', 0)} |")
     L.append("")
     L.append("| setup | policy | worst workload | random workloads, lowest |")
     L.append("|---|---|---:|---:|")
     for k, v in r["summary"].items():
         setup, p = k.rsplit("/", 1)
         L.append(f"| {setup} | {p} | {v['worst']:.3f} | {v['random_min']:.3f} |")
-    L.append("")
+    L += ["", "**Acceptance** (guarded: no setup more than 0.5% below the default on any "
+          "workload; through mmap, every random workload at least 25% above it): " + "; ".join(
+              f"{p}: worst {v['worst']:.4f}, mmap random lowest {v['mmap_random_min']:.3f}, "
+              f"{'met' if v['met'] else 'NOT met'}"
+              for p, v in acceptance(r["summary"]).items()) + ".", ""]
     return "\n".join(L)
 
 
 def main(argv=None) -> int:
     from readahead.run import FULL, QUICK
 
-    p = Parser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--workdir", type=Path, default=HERE / "build" / "guards")
-    p.add_argument("--out", type=Path)
+    from readahead.experiment import checked_in_table, hook_options
+
+    p = script_parser(__doc__, HERE, "guards")
     p.add_argument("--guard", action="append", help="a --guard SPEC instead of GUARDS's")
     a = p.parse_args(argv)
     guards = [x for g in a.guard for x in ("--guard", g)] if a.guard else GUARDS
     cfg = QUICK if a.quick else FULL
     t0 = time.perf_counter()
-    work = a.workdir.resolve()
-    out = (a.out or (work if a.quick else HERE / "results")).resolve()
-    for d in (work, out):
-        d.mkdir(parents=True, exist_ok=True)
-    table = json.loads((HERE / "results" / "results.json").read_text())["class_table"]["table"]
+    work, out = script_dirs(a, HERE)
+    table = checked_in_table()
     onnx, cal = HERE / "readahead.onnx", HERE / "calibration.npy"
-    opts = ("--hooks", "readahead", "--hook-param", "ra_pages=" + ",".join(map(str, table)),
-            "--target", "kernel", "--target", "user")
+    opts = (*hook_options(table), "--target", "kernel", "--target", "user")
     dirs = {}
     for p_ in POLICIES[1:]:
         kind, numerics = p_.split("-")
@@ -121,15 +142,9 @@ def main(argv=None) -> int:
     r = {"command": " ".join(["python", "examples/readahead/guards.py", *(argv or sys.argv[1:])]),
          "guards": guards, "class_table": table, "results": res, "summary": summary(res),
          "run": {"machine": machine(), "seconds": round(time.perf_counter() - t0, 1)}}
-    (out / "guards.json").write_text(json.dumps(r, indent=1) + "\n")
-    (out / "guards.md").write_text(markdown(r))
-    print(markdown(r))
+    write_results(out, "guards", r, markdown(r))
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Fail as e:
-        print(f"guards.py: {e}", file=sys.stderr)
-        sys.exit(1)
+    script(main)

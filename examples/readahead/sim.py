@@ -94,9 +94,17 @@ class Cpu:
     insert_ns: int = 300           # allocate a page, add it to the cache and LRU, set up I/O
     fault_ns: int = 1_000          # a page fault: entry, VMA lookup, page table walk
     map_ns: int = 100              # fault-around: map one cached page
-    hook_event_ns: int = 500       # learned policy: a kprobe hit, the lock, the window update
-    hook_infer_ns: int = 21_000    # learned policy: one inference and setting ra_pages
-                                   # (KML's measured 21 us)
+    # The learned policy's hook (kml_ra.c): per hooked call, a kprobe hit
+    # through ftrace (Documentation/trace/kprobes.rst: 0.06 us for an
+    # optimized probe on a 2.33 GHz Xeon), the set's lock and the window
+    # step (benchmarks.md "Hook feature steps": 5.5 ns); per inference, the
+    # model and setting ra_pages: kmlc's readahead model takes 120 ns
+    # (p99 190 ns, benchmarks.md, `make bench`), and a float model adds its
+    # work item and FPU section (fpu_cost.md: 179 ns on a first call).
+    # Both are charged at several times that.  (KML's 21 us per inference
+    # is its own float code's, not kmlc's.)
+    hook_event_ns: int = 250
+    hook_infer_ns: int = 1_000
 
 
 class Disk:

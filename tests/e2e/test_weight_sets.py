@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import kmlc_cli, mlp_model
+from conftest import ROOT, kmlc_cli, mlp_model
 from kmlc.api import compile as kcompile, load, pack
 from kmlc.errors import KmlcError
 
@@ -128,3 +128,37 @@ def test_fixed_point_sets(tmp_path):
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "accumulator" in res.stderr and res.stderr.strip().count("\n") == 0, res.stderr
     assert not (tmp_path / "big.kmlw").exists()
+
+
+@pytest.mark.parametrize("numerics", ["float", "fixed"])
+def test_a_hooks_decisions_follow_the_loaded_set(tmp_path, numerics):
+    """The hook's entry points (decide, replay) read the current set, as
+    the module's hooks do after a write to its weights attribute: a twin
+    that loaded a retrained set decides as the retrained model compiled on
+    its own, and as before once it goes back to the compiled set."""
+    from onnx import numpy_helper
+
+    src = ROOT / "examples" / "readahead" / "readahead.onnx"
+    cal = ROOT / "examples" / "readahead" / "calibration.npy"
+    m = onnx.load(src)
+    for init in m.graph.initializer:          # another training: shuffled weights
+        w = numpy_helper.to_array(init)
+        if w.ndim == 2:
+            w = np.random.default_rng(w.size).permutation(w.reshape(-1)).reshape(w.shape)
+            init.CopyFrom(numpy_helper.from_array(w, init.name))
+    onnx.save(m, tmp_path / "v2.onnx")
+    opts = dict(numerics=numerics, hooks=["readahead"], targets="kernel,user",
+                calibration=np.load(cal) if numerics == "fixed" else None)
+    kcompile(src, tmp_path / "v1", name="ra", **opts)
+    kcompile(tmp_path / "v2.onnx", tmp_path / "v2", name="ra", **opts)
+    pack(tmp_path / "v2.onnx", tmp_path / "v1", tmp_path / "v2.kmlw",
+         calibration=opts["calibration"], version=2)
+    v1, v2 = load(tmp_path / "v1"), load(tmp_path / "v2")
+    feats = np.round(np.load(cal)[:400] * np.exp2(v1.hook_frac.astype(np.float64)))
+    feats = feats.astype(np.int32)
+    before = v1.decide(feats)
+    assert not np.array_equal(before, v2.decide(feats))
+    v1.load_weights(tmp_path / "v2.kmlw")
+    assert np.array_equal(v1.decide(feats), v2.decide(feats))
+    v1.load_weights(None)
+    assert np.array_equal(v1.decide(feats), before)

@@ -2,6 +2,7 @@
 labeling on a hand-made sequence, the simulated hook against the compiled
 module's own replay, and the quick pipeline end to end (reproducible)."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -497,3 +498,98 @@ def test_guarded_hook_is_the_modules_guard(tmp_path):
     want = np.array([r[1] for r in rows], np.int64)
     assert len(steps) > 1000 and G.WHY.index("control") in want[:, 1]
     assert np.array_equal(twin.guard(steps), want)
+
+
+# ---- trace, retrain, pack, swap ----------------------------------------------------------
+
+@pytest.mark.torch
+def test_retrain_pack_swap_loop(tmp_path):
+    """loop.py on a tiny configuration: v2 is taken by the running twin at
+    the swap (weights_version 2); up to the swap the swapped run is the
+    never-swapped one, decision for decision and latency for latency;
+    after it, the decisions are v2's set on the module's own features
+    (twin.replay) and not v1's; v2's training rows are the same when the
+    trace ends at the swap (no later data); re-simulating gives the
+    script's numbers; and the README shows the checked-in loop.md."""
+    pytest.importorskip("torch")
+    import dataclasses
+
+    import kmlc
+    from admission import evaluate, loop
+
+    # the shifting trace: the same workload and, until the shift, the same GC
+    S = loop.settings(True)
+    tr = loop.shifting_trace(0, S)
+    plain = traces.generate(0, dataclasses.replace(loop.BEFORE, duration_s=S["duration_s"]))
+    shift, swap = int(S["shift_s"] * 1e9), int(S["swap_s"] * 1e9)
+    assert (tr.t, tr.size, tr.write) == (plain.t, plain.size, plain.write)
+    lo, hi = loop.AFTER.gc_ms
+    for d, p in zip(tr.dev, plain.dev):
+        k = sum(t < shift for t in d.gc_start)
+        assert d.gc_start[:k] == p.gc_start[:k] and d.gc_end[:k] == p.gc_end[:k]
+        assert k < len(d.gc_start) and all(lo * 1e6 <= e - s <= hi * 1e6 for s, e in
+                                           zip(d.gc_start[k:], d.gc_end[k:]))
+
+    bad = subprocess.run([sys.executable, str(EXAMPLE / "loop.py"), "--seeds", "0"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == ["loop.py: --seeds must be at least 1"]
+    res = subprocess.run([sys.executable, str(EXAMPLE / "loop.py"), "--quick", "--seeds", "1",
+                          "--out", tmp_path / "res", "--build", tmp_path / "build"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    js = json.loads((tmp_path / "res" / "loop.json").read_text())
+    assert {k: js["settings"][k] for k in S} == S
+    assert js["seeds"][0]["v2"]["weights_version"] == [None, 2]
+    v1 = tmp_path / "build" / "v1"
+    blob = (tmp_path / "build" / "v2_seed0.kmlw").read_bytes()
+    assert json.loads((v1 / "kmlc.json").read_text())["hook_params"]["history_writes"] is False
+
+    p1, p2 = loop.Loop(tr, v1, swap), loop.Loop(tr, v1, swap, blob)
+    r1, r2 = sim.simulate(tr, p1), sim.simulate(tr, p2)
+    assert p1.versions == [None, None] and p2.versions == [None, 2]
+    assert p1.twin.weights_version is None and p2.twin.weights_version == 2
+    rtime = np.array(tr.t)[~np.array(tr.write)]
+    rclient = np.array(tr.client)[~np.array(tr.write)]
+    after = rtime >= swap
+    assert np.array_equal(r1.latency_ns[~after], r2.latency_ns[~after])
+    for name, r in (("v1", r1), ("swapped", r2)):
+        got = evaluate.rounded(float(r.latency_ns[after].mean() / 1e3), 5)
+        assert got == js["seeds"][0][name]["after_swap"], name
+    ref, new = kmlc.load(v1), kmlc.load(v1, weights=blob)
+    # the oracle of a decision: the output against the hook's threshold
+    binding = (v1 / "user" / "kml_binding.h").read_text()
+    at = int(re.search(r"^#define KML_DECLINE_AT (-?\d+)$", binding, re.M).group(1))
+    changed = not_v1 = 0
+    for c in (0, 1):
+        d1 = np.array(p1.hooks[c].decisions)
+        d2 = np.array(p2.hooks[c].decisions)
+        late = rtime[rclient == c] >= swap
+        assert np.array_equal(d1[~late], d2[~late])
+        changed += int((d1[late] != d2[late]).sum())
+        feats, dec = ref.replay(np.array(p2.hooks[c].events, np.int64))
+        assert np.array_equal(dec[~late], d2[~late])
+        assert np.array_equal((new.run_raw(feats[late])[:, 0] >= at).astype(int), d2[late])
+        not_v1 += int((dec[late] != d2[late]).sum())
+    assert changed > 0 and not_v1 > 0
+
+    # v2's rows from a trace cut just after the swap (nothing later to see)
+    k = next(i for i in range(tr.n) if not tr.write[i] and tr.t[i] >= swap) + 1
+    cut = dataclasses.replace(
+        tr, t=tr.t[:k], client=tr.client[:k], write=tr.write[:k], size=tr.size[:k],
+        dev=[dataclasses.replace(d, normal=d.normal[:k], u=d.u[:k]) for d in tr.dev])
+    pc = loop.Loop(cut, v1, swap)
+    sim.simulate(cut, pc)
+    label_on, params = loop.label_constants()
+    full = loop.retraining_rows(tr, p1, shift, label_on, params)
+    short = loop.retraining_rows(cut, pc, shift, label_on, params)
+    assert len(full[1]) == js["seeds"][0]["v2"]["rows"] > 1000
+    assert all(np.array_equal(a, b) for a, b in zip(full, short))
+
+    # the README shows the checked-in run
+    md = (EXAMPLE / "results" / "loop.md").read_text()
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    readme = (EXAMPLE / "README.md").read_text()
+    assert len(table) > 10 and all(line in readme for line in table)
+    assert json.loads((EXAMPLE / "results" / "loop.json").read_text())["settings"]["seeds"] == \
+        [0, 9]

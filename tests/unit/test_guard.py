@@ -36,7 +36,7 @@ class Oracle:
 
     def __init__(self, c):
         self.c, self.decisions, self.differ, self.block, self.outs = c, 0, 0, 0, 0
-        self.tripped = self.demoted = False
+        self.tripped = self.demoted = self.judged = False
         self.costs, self.window, self.keys = [[], []], [], {}
         self.count = dict(periods=0, demotions=0, promotions=0, envelope_trips=0,
                           envelope_clears=0, **{w: 0 for w in G.WHY})
@@ -65,13 +65,18 @@ class Oracle:
         elif self.tripped:
             d, why = dflt, "envelope"
         elif c["benefit_every"] and model != dflt:
-            every = c["benefit_probe_every"] if self.demoted else c["benefit_every"]
+            # on trial (before the first verdict) one in 2 each way; demoted,
+            # one in probe_every to the model; trusted, one in every to the default
+            trial = c["benefit_trial"] and not self.judged
+            held = trial or self.demoted
+            every = 2 if trial else \
+                c["benefit_probe_every"] if self.demoted else c["benefit_every"]
             self.differ += 1
             minority = self.differ % every == 0
-            if minority != self.demoted:
+            if minority != held:
                 d, arm, why = dflt, 1, "demoted" if self.demoted else "control"
             else:
-                arm, why = 0, "probe" if self.demoted else "model"
+                arm, why = 0, "probe" if held else "model"
         last = self.keys.get(key)
         if c["rate_ms"] and last is not None and d != last[0] and \
                 0 <= now - last[1] < c["rate_ms"] * MS:
@@ -99,9 +104,14 @@ class Oracle:
         last = self.window[-p:]
         m, d = (sum(w[a][0] for w in last) // sum(w[a][1] for w in last) for a in (0, 1))
         margin = 100 + c["benefit_margin_pct"]
-        if (m * margin <= 100 * d) if self.demoted else (100 * m > d * margin):
-            self.demoted = not self.demoted
-            self.count["demotions" if self.demoted else "promotions"] += 1
+        # on trial or demoted: trusted when better by the margin; trusted:
+        # kept unless worse by it; the first verdict always counts
+        trial = c["benefit_trial"] and not self.judged
+        trust = m * margin <= 100 * d if trial or self.demoted else 100 * m <= d * margin
+        self.judged = True
+        if trial or trust == self.demoted:
+            self.demoted = not trust
+            self.count["promotions" if trust else "demotions"] += 1
             self.window = []
         return True
 
@@ -141,28 +151,63 @@ def test_benefit_demotes_a_worse_model_and_trusts_a_better_one_again(twin):
                                benefit_margin_pct=10, benefit_probe_every=3))
     # where model and default agree there is nothing to compare: no arm, no count
     assert decide(g, (0, 0, False, 0), (0, 0, False, 0)) == [(0, MODEL, 2), (0, MODEL, 2)]
-    # trusted: of the decisions that differ, odd ones the model's (arm 0), even
-    # ones the control (arm 1)
+    # on trial: of the decisions that differ, odd ones the default's (arm 1),
+    # even ones the model's (arm 0)
+    assert decide(g, (7, 0, False, 0), (7, 0, False, 0)) == [(0, CONTROL, 1), (7, PROBE, 0)]
+    # the trial's verdict: 90 against 100 (90 * 1.10 <= 100): trusted
+    assert [g.cost(0, 90), g.cost(1, 100), g.cost(0, 90), g.cost(1, 100)] == \
+        [False, False, False, True]
+    assert g.state == 0 and g.counters["promotions"] == 1
+    # trusted: the 3rd differing decision the model's, the 4th the control's
     assert decide(g, (7, 0, False, 0), (7, 0, False, 0)) == [(7, MODEL, 0), (0, CONTROL, 1)]
     # the model costs 110 against 100: within the 10% margin, no change
-    assert [g.cost(0, 110), g.cost(1, 100), g.cost(0, 110), g.cost(1, 100)] == \
-        [False, False, False, True]
+    for a, c in ((0, 110), (1, 100), (0, 110), (1, 100)):
+        g.cost(a, c)
     assert g.state == 0
     # 111 against 100: beyond the margin, demoted after the one period
     for a, c in ((0, 111), (1, 100), (0, 111), (1, 100)):
         g.cost(a, c)
     assert g.state == 1 and g.counters["demotions"] == 1
-    # demoted: the model only on one decision in 3 (the 3rd and 6th), as a probe
+    # demoted: the model only on one differing decision in 3 (the 6th), as a probe
     assert decide(g, (7, 0, False, 0), (7, 0, False, 0), (7, 0, False, 0), (7, 0, False, 0)) \
-        == [(7, PROBE, 0), (0, DEMOTED, 1), (0, DEMOTED, 1), (7, PROBE, 0)]
-    # the model 10% better than the default (within the band): still demoted
+        == [(0, DEMOTED, 1), (7, PROBE, 0), (0, DEMOTED, 1), (0, DEMOTED, 1)]
+    # the model 9% better than the default (within the band): still demoted
     for a, c in ((0, 91), (1, 100), (0, 91), (1, 100)):
         g.cost(a, c)
     assert g.state == 1
-    # 90 against 100 (90 * 1.10 <= 100): trusted again
+    # 90 against 100: trusted again
     for a, c in ((0, 90), (1, 100), (0, 90), (1, 100)):
         g.cost(a, c)
-    assert g.state == 0 and g.counters["promotions"] == 1
+    assert g.state == 0 and g.counters["promotions"] == 2
+
+
+def test_without_a_trial_the_model_starts_trusted(twin):
+    """benefit_trial=0: the model applies from the first decision, one
+    differing decision in benefit_every going to the control, and a first
+    verdict within the margin changes nothing and counts nothing."""
+    g = twin.guard_session(cfg(benefit_every=2, benefit_samples=2, benefit_periods=1,
+                               benefit_margin_pct=10, benefit_trial=0))
+    assert decide(g, (7, 0, False, 0), (7, 0, False, 0)) == [(7, MODEL, 0), (0, CONTROL, 1)]
+    for a, c in ((0, 105), (1, 100), (0, 105), (1, 100)):
+        g.cost(a, c)
+    assert g.state == 0 and g.counters["promotions"] == g.counters["demotions"] == 0
+    for a, c in ((0, 111), (1, 100), (0, 111), (1, 100)):
+        g.cost(a, c)
+    assert g.state == 1 and g.counters["demotions"] == 1
+
+
+def test_a_model_on_trial_must_win_by_the_margin(twin):
+    """The first verdict holds the model to the promotion rule: one that is
+    no better than the default by the margin (here 5% better, margin 10%)
+    is demoted at once, though a trusted model that good would be kept."""
+    g = twin.guard_session(cfg(benefit_every=4, benefit_samples=2, benefit_periods=1,
+                               benefit_margin_pct=10))
+    got = decide(g, *[(5, 1, False, 0)] * 4)
+    assert [w for _, w, _ in got] == [CONTROL, PROBE, CONTROL, PROBE]
+    for a, c in ((0, 95), (1, 100), (0, 95), (1, 100)):
+        g.cost(a, c)
+    assert g.state == 1 and g.counters["demotions"] == 1 and g.counters["promotions"] == 0
+    assert g.counters["control"] == 2 and g.counters["probe"] == 2
 
 
 def test_benefit_pools_the_last_periods(twin):
