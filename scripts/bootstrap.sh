@@ -9,7 +9,8 @@
 # Setup is idempotent and quick the second time: Debian packages are
 # installed only when missing, the virtualenv (.venv) is kept, pip runs only
 # when setup.py changed, and kernel trees and builds are cached under
-# ~/.cache/kmlc at fixed paths.
+# ~/.cache/kmlc at fixed paths.  Setup prints one line per step; apt's and
+# pip's own output is in build/setup.log, shown when a step fails.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,7 +21,29 @@ demo|test) ;;
 *) echo "usage: $0 demo|test" >&2; exit 2 ;;
 esac
 
-say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+# One line per step, with its time; what a step prints (apt, pip, venv)
+# goes to LOG, whose last lines are shown if the step fails.
+LOG="$ROOT/build/setup.log"
+mkdir -p "$ROOT/build"
+: >"$LOG"
+B="" N=""
+[ -t 1 ] && B=$'\033[1m' N=$'\033[0m'
+say() { printf '%s==> %s%s\n' "$B" "$*" "$N"; }
+step() {	# step WHAT CMD...: CMD's output into LOG, one line with its time
+	local what=$1 t=$SECONDS rc=0
+	shift
+	printf '%s==> %s ...%s ' "$B" "$what" "$N"
+	printf '\n==> %s: %s\n' "$what" "$*" >>"$LOG"
+	"$@" >>"$LOG" 2>&1 </dev/null || rc=$?
+	if ((rc)); then
+		printf 'failed (exit %d)\n' "$rc"
+		printf '%s\n' "--- the last 30 lines of $LOG:" >&2
+		tail -n 30 "$LOG" >&2
+		printf '%s\n' "--- (the whole log: $LOG)" >&2
+		exit "$rc"
+	fi
+	printf 'done, %ds\n' $((SECONDS - t))
+}
 
 # --- Debian packages --------------------------------------------------------
 # compilers and Kbuild, 6.1 headers and source (module builds, KUnit, the
@@ -44,8 +67,7 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
 if ((${#missing[@]})) || [ -z "$have612" ]; then
-	say "updating the Debian package lists"
-	$SUDO apt-get update -qq
+	step "updating the Debian package lists" $SUDO apt-get update -q
 fi
 if [ -z "$have612" ]; then
 	h612=$(apt-cache search --names-only '^linux-headers-6\.12\.[0-9]+\+deb12-amd64$' |
@@ -53,23 +75,28 @@ if [ -z "$have612" ]; then
 	[ -n "$h612" ] && missing+=("$h612")
 fi
 if ((${#missing[@]})); then
-	say "installing Debian packages: ${missing[*]}"
-	$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+	step "installing ${#missing[@]} Debian packages (${missing[*]})" \
+		$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+	say "Debian packages: all ${#PACKAGES[@]} installed"
 fi
 
 # --- Python -----------------------------------------------------------------
 if [ ! -x .venv/bin/python ]; then
-	say "creating .venv"
-	python3 -m venv .venv
+	step "creating .venv" python3 -m venv .venv
 fi
 EXTRAS=""
 [ "$MODE" = test ] && EXTRAS="[test,torch,tvm]"
 stamp=".venv/.kmlc-installed$(echo "$EXTRAS" | tr -dc 'a-z')"
+pip_install() {
+	.venv/bin/python -m pip install --progress-bar off --upgrade pip &&
+		.venv/bin/python -m pip install --progress-bar off -e ".$EXTRAS"
+}
 if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-	say "installing kmlc into .venv (pip install -e .$EXTRAS)"
-	.venv/bin/python -m pip install -q --upgrade pip
-	.venv/bin/python -m pip install -q -e ".$EXTRAS"
+	step "installing kmlc into .venv (pip install -e .$EXTRAS)" pip_install
 	touch "$stamp"
+else
+	say ".venv: kmlc$EXTRAS installed, setup.py unchanged"
 fi
 
 # --- the job ----------------------------------------------------------------

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KmlcError
+from . import progress
 from .kernel import find_kdir, installed_headers
 from .kunit import cache_dir, locked, source_tree
 
@@ -239,7 +240,9 @@ def debug_kernel(log=print) -> Kernel:
             env = dict(os.environ, KCONFIG_ALLCONFIG=str(frag))
             _make(tree, build, "alldefconfig", env=env, log=log)
             _check_config(build / ".config")
-            _make(tree, build, "bzImage", "modules", log=log)
+            with progress.watch(build, "kmlc: building the debug kernel",
+                                progress.EXPECTED["debug"], log):
+                _make(tree, build, "bzImage", "modules", log=log)
             release = release_of(build)
             root = cache_dir() / "qemu" / release
             shutil.rmtree(root, ignore_errors=True)

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import KmlcError
+from . import progress
 
 TREE_NAME = "linux-source-6.1"
 TARBALL_DIR = Path("/usr/src")
@@ -222,11 +223,16 @@ def run(outdirs: list[Path], *, arch: str = "um", jobs: int | None = None,
         proc = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("["):  # kunit.py's own progress lines
-                print(line.rstrip("\n"), file=out, flush=True)
-        proc.wait()
+        with progress.watch(build, f"kmlc kunit: building the {arch} kernel",
+                            progress.EXPECTED.get(f"kunit-{arch}"),
+                            lambda s: print(s, file=out, flush=True)) as building:
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith("["):  # kunit.py's own progress lines
+                    print(line.rstrip("\n"), file=out, flush=True)
+                    if "Starting KUnit Kernel" in line:
+                        building.set()
+            proc.wait()
     return _summarize(lines, proc.returncode, models, out)
 
 
