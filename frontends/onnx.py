@@ -27,6 +27,7 @@ from ..errors import KmlcError, node_ref
 from ..ir import BOOL, F32, I32, I64, Graph, IRError, Op, TensorType, Value, c_identifier, const, \
     fresh_namer, verify
 from ..ops import evaluate, infer_types
+from . import onnx_ml
 
 MIN_OPSET = 13
 
@@ -153,6 +154,8 @@ class Importer:
             if imp.domain in ("", "ai.onnx"):
                 opset = imp.version
         newest = onnx.defs.onnx_opset_version()
+        if opset is None and self.nodes and all(n.domain == onnx_ml.DOMAIN for n in self.nodes):
+            opset = newest          # ONNX-ML nodes only: no default-domain op to read
         if opset is None:
             self.fail("model imports no default-domain (ai.onnx) opset")
         if not MIN_OPSET <= opset <= newest:
@@ -381,9 +384,13 @@ class Importer:
         return None if any(i is None for i in ins) else evaluate(op.kind, ins, op.attrs)[0]
 
     def convert(self, node) -> None:
+        if node.domain == onnx_ml.DOMAIN:
+            onnx_ml.convert(self, node)
+            return
         if node.domain not in ("", "ai.onnx"):
             self.fail(f"op domain '{node.domain}' is not supported; kmlc supports the default "
-                      f"ONNX domain: {supported_ops_text()}", node)
+                      f"ONNX domain ({supported_ops_text()}) and {onnx_ml.DOMAIN} "
+                      f"({', '.join(onnx_ml.SUPPORTED)})", node)
         op = node.op_type
         if op not in SUPPORTED and op not in FOLD_ONLY and op not in STATIC:
             self.fail(f"kmlc cannot compile {op}; supported ops: {supported_ops_text()}", node)

@@ -167,17 +167,25 @@ def io_types(g: Graph, numerics: str) -> tuple[DType, DType]:
         return kinds.pop(), outs.pop()
     producers = g.producers()
 
-    def small(v):       # an ArgMax index or a bool: exact in float and in s32
+    def small(v):       # exact in float and in s32: an ArgMax index, a bool, an integer
+        # constant within 2^24, or a selection between such (a class label table)
         while v in producers and producers[v].kind == "reshape":
             v = producers[v].inputs[0]
-        return v.type.dtype == BOOL or (v in producers and producers[v].kind == "argmax")
+        if v.type.dtype == BOOL:
+            return True
+        if v.is_const:
+            return v.data.dtype.kind in "iu" and bool(np.all(np.abs(v.data) <= 1 << 24))
+        op = producers.get(v)
+        return op is not None and (op.kind == "argmax" or (
+            op.kind == "where" and small(op.inputs[1]) and small(op.inputs[2])))
     base = F32 if numerics == "float" else I32
     big = [v for v in g.outputs if carrier(v) != base and not small(v)]
     if big:
         names = ", ".join(f"'{g.source_name(v)}' ({v.type.dtype})" for v in g.outputs)
         raise KmlcError(f"outputs {names} mix element types; a kmlc model writes all its "
-                        "outputs to one array, which may hold class indices and bools beside "
-                        f"{base} values but not other integers (Cast them to one type)")
+                        "outputs to one array, which may hold class indices, class labels "
+                        f"and bools beside {base} values but not other integers (Cast them "
+                        "to one type)")
     return kinds.pop(), base
 
 

@@ -64,6 +64,13 @@ def same_scale(*qs) -> bool:
     return all(isinstance(q, QParams) for q in qs) and len({(q.scale, q.zp) for q in qs}) == 1
 
 
+def plain_integer(v: Value, q) -> bool:
+    """An integer whose value is itself: exact, or an index (scale 1, zero
+    point 0, as ArgMax's), so that two compare exactly."""
+    return v.type.dtype in (I32, I64) and (q is EXACT or (
+        isinstance(q, QParams) and q.scale == 1.0 and q.zp == 0))
+
+
 class Exact:
     """The marker of a value that fixed point holds as it is: an integer
     or bool graph input, or an integer op's result (no scale, no rounding)."""
@@ -388,7 +395,7 @@ class _Quantizer:
                       dtype=BOOL)
             return
         (aq, qa), (bq, qb) = self.operand(op, a), self.operand(op, b)
-        if not same_scale(qa, qb):
+        if not same_scale(qa, qb) and not (plain_integer(aq, qa) and plain_integer(bq, qb)):
             _fail(op, "a comparison of two values on different scales")
         self.emit("compare", [aq, bq], {"cmp": cmp}, op.origin, op.output, EXACT, dtype=BOOL)
 

@@ -19,7 +19,7 @@ shifts mid-run, with a model that never saw the new workload.
  5. Swap: the same run again (the simulator is deterministic, so it is the
     same run up to the swap point), and at the swap point the twin takes
     the blob (``Twin.load_weights``, what writing it to
-    /sys/kernel/kml/<name>/weights does in the module).
+    /sys/module/kml_<name>/weights does in the module).
 
 Policies, each on the same operations: Linux's default, v1 never swapping,
 v1 guarded never swapping, v1 swapped to v2.  Throughput per segment of
