@@ -28,6 +28,7 @@ setup(
         "test": ["pytest>=7", "matplotlib>=3.5"],   # matplotlib: the examples' plots
         "torch": ["torch>=2.4", "onnxscript"],
         "tvm": ["apache-tvm>=0.27,<0.28"],
+        "sklearn": ["scikit-learn>=1.3", "skl2onnx>=1.16"],
         "bench": ["apache-tvm>=0.27,<0.28", "matplotlib>=3.5"],
     },
     entry_points={"console_scripts": ["kmlc=kmlc.cli:main"]},

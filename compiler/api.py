@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -164,6 +163,7 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
 
         compile("m.onnx" | onnx.ModelProto, outdir)
         compile(torch_module, example_inputs, outdir)   # a tensor or a tuple
+        compile(sklearn_estimator, X_sample, outdir)    # through skl2onnx
         compile(relax_irmodule, outdir, params=None)
 
     ``numerics="fixed"`` needs ``calibration`` rows (N, in_elems).
@@ -174,18 +174,20 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
     from .frontends import load as import_model
     from .targets import user
 
-    torch = sys.modules.get("torch")
+    from .frontends import takes_example_inputs
+
     example_inputs = None
-    if torch is not None and isinstance(model, torch.nn.Module):
+    if takes_example_inputs(model):
         example_inputs = inputs_or_outdir
     elif outdir is None:
         outdir = inputs_or_outdir
     elif inputs_or_outdir is not None:
         raise KmlcError("two output directories given; example inputs are only for a "
-                        "torch.nn.Module")
+                        "torch.nn.Module or a scikit-learn estimator")
     if outdir is None:
-        raise KmlcError("no output directory given: compile(model, outdir) or "
-                        "compile(module, example_inputs, outdir)")
+        raise KmlcError("no output directory given: compile(model, outdir) or, for a "
+                        "torch.nn.Module or a scikit-learn estimator, "
+                        "compile(model, example_inputs, outdir)")
     targets = normalize_targets(targets)
     outdir = Path(outdir)
     _check_outdir(outdir)

@@ -3,6 +3,9 @@
   onnx   an ONNX file or ``onnx.ModelProto``: the reference route
   torch  a ``torch.nn.Module`` and example inputs, exported in memory with
          ``torch.onnx.export`` and imported by the ONNX route
+  sklearn  a fitted scikit-learn estimator or pipeline and a sample of its
+         inputs, converted in memory by skl2onnx and imported by the ONNX
+         route
   tvm    a TVM Relax ``IRModule`` (e.g. from ``tvm.relax.frontend.onnx.
          from_onnx`` or ``from_exported_program``): its ``main`` function's
          Relax operators become the IR ops the ONNX route produces
@@ -39,9 +42,13 @@ def load(model, example_inputs=None, *, params=None, name: str | None = None) ->
         from . import torch as torch_frontend
 
         return torch_frontend.load(model, example_inputs, name=name)
+    if takes_example_inputs(model):
+        from . import sklearn as sklearn_frontend
+
+        return sklearn_frontend.load(model, example_inputs, name=name)
     if example_inputs is not None:
-        raise KmlcError(f"example inputs are for a torch.nn.Module; this model is a "
-                        f"{type(model).__name__}")
+        raise KmlcError(f"example inputs are for a torch.nn.Module or a scikit-learn "
+                        f"estimator; this model is a {type(model).__name__}")
     if tvm is not None and isinstance(model, tvm.ir.IRModule):
         from . import tvm as tvm_frontend
 
@@ -61,10 +68,19 @@ def load(model, example_inputs=None, *, params=None, name: str | None = None) ->
         raw, source = (p.read_bytes() if p.is_file() else b""), p.name
     else:
         raise KmlcError(f"cannot compile a {type(model).__module__}.{type(model).__name__}: "
-                        "kmlc takes an ONNX file or onnx.ModelProto, a torch.nn.Module with "
-                        "example inputs, or a TVM Relax IRModule")
+                        "kmlc takes an ONNX file or onnx.ModelProto, a torch.nn.Module or a "
+                        "scikit-learn estimator with example inputs, or a TVM Relax IRModule")
     return Imported(onnx_frontend.load(model, name=name), source,
                     hashlib.sha256(raw).hexdigest())
+
+
+def takes_example_inputs(model) -> bool:
+    """Whether ``model``'s frontend needs example inputs: a torch.nn.Module
+    or a scikit-learn estimator."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(model, torch.nn.Module):
+        return True
+    return any(c.__module__.split(".")[0] == "sklearn" for c in type(model).__mro__)
 
 
 def graph_sha256(g: Graph) -> str:

@@ -1,0 +1,71 @@
+"""The scikit-learn frontend: fitted estimators and pipelines compiled in
+memory through skl2onnx, checked against scikit-learn's own predictions
+(the oracle) in both numerics; what it cannot take is refused in one
+line."""
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("skl2onnx")
+from sklearn.linear_model import LinearRegression, LogisticRegression  # noqa: E402
+from sklearn.pipeline import make_pipeline  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
+
+import kmlc  # noqa: E402
+from kmlc.errors import KmlcError  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def data(n=4000, seed=0):
+    r = np.random.default_rng(seed)
+    x = (r.normal(size=(n, 5)) * [1, 3, 0.5, 10, 2] + [0, 5, 1, -20, 0]).astype(np.float32)
+    return x, (x[:, 0] - 0.3 * x[:, 1] + 0.1 * x[:, 3] > -2).astype(int)
+
+
+@pytest.mark.parametrize("numerics", ["float", "fixed"])
+def test_a_scaled_logistic_regression_predicts_as_scikit_learn(numerics, tmp_path):
+    x, y = data()
+    pipe = make_pipeline(StandardScaler(), LogisticRegression()).fit(x, y)
+    res = kmlc.compile(pipe, x[:10], tmp_path / "o", targets="user", numerics=numerics,
+                       calibration=x if numerics == "fixed" else None)
+    assert res.manifest["name"] == "pipeline"
+    got = kmlc.load(tmp_path / "o").run_named(x)
+    labels = got["label"].reshape(-1)
+    probs = got["probabilities"].reshape(len(x), 2)
+    agree = np.mean(labels == pipe.predict(x))
+    assert agree == 1.0 if numerics == "float" else agree >= 0.999
+    tol = 1e-5 if numerics == "float" else 0.05     # fixed: int16 logits, the sigmoid LUT
+    assert np.max(np.abs(probs - pipe.predict_proba(x))) < tol
+
+
+def test_linear_regression_and_integer_features(tmp_path):
+    x, _ = data()
+    xi = np.round(x).astype(np.int64)
+    target = xi @ np.array([0.5, -1, 2, 0.1, 3]) + 7
+    reg = LinearRegression().fit(xi, target)
+    kmlc.compile(reg, xi[:3], tmp_path / "o", targets="user")
+    twin = kmlc.load(tmp_path / "o")
+    assert twin.in_dtype == np.int64
+    got = twin.run(xi).reshape(-1)
+    assert np.allclose(got, reg.predict(xi), rtol=1e-5, atol=1e-3)
+
+
+def test_what_it_cannot_take_is_one_line(tmp_path):
+    x, y = data(300)
+    with pytest.raises(KmlcError, match="skl2onnx cannot convert this LogisticRegression"):
+        kmlc.compile(LogisticRegression(), x, tmp_path / "a")          # not fitted
+    with pytest.raises(KmlcError, match="no output directory given.*scikit-learn"):
+        kmlc.compile(LogisticRegression().fit(x, y), tmp_path / "b")
+    three = (x[:, 0] > 0).astype(int) + (x[:, 1] > 5)
+    # skl2onnx writes a LinearClassifier, then an L1 Normalizer
+    with pytest.raises(KmlcError, match=r"\(Normalizer\)"):
+        kmlc.compile(LogisticRegression().fit(x, three), x, tmp_path / "c")  # not yet
+    for d in "abc":
+        assert not (tmp_path / d).exists()
