@@ -6,6 +6,8 @@ onnxruntime's CPU kernels, whose results are these operators' reference
   Scaler            (x - offset) * scale, per feature (x cast to float first)
   Binarizer         x > threshold ? 1 : 0, in float
   LinearRegressor   x @ coefficients^T + intercepts (post_transform NONE)
+  Normalizer        L1: x / sum(|x|) per row (summed in index order), x
+                    where the sum is 0
   LinearClassifier  raw scores s = x @ coefficients^T + intercepts;
                     the label is the class label of the first highest raw
                     score (one row of coefficients: labels[1] if s > 0, else
@@ -17,8 +19,7 @@ onnxruntime's CPU kernels, whose results are these operators' reference
 What the converter guarantees: every node becomes IR ops of ``kmlc.ops``
 with the node's name as their origin, or a one-line refusal naming the node
 and why (string labels: kmlc outputs numbers; PROBIT and SOFTMAX_ZERO;
-Normalizer: a reduction over runtime values; ZipMap: a sequence of maps;
-any other ai.onnx.ml op).
+Normalizer MAX and L2; ZipMap: a sequence of maps; any other ai.onnx.ml op).
 """
 from __future__ import annotations
 
@@ -27,10 +28,8 @@ import numpy as np
 from ..ir import F32, c_identifier, const
 
 DOMAIN = "ai.onnx.ml"
-SUPPORTED = ("Binarizer", "LinearClassifier", "LinearRegressor", "Scaler")
+SUPPORTED = ("Binarizer", "LinearClassifier", "LinearRegressor", "Normalizer", "Scaler")
 WHY_NOT = {
-    "Normalizer": "it divides by a norm of each row, a reduction over runtime values kmlc "
-                  "does not compile yet",
     "ZipMap": "it outputs a sequence of maps; convert without it (skl2onnx: "
               "options={'zipmap': False}) and use the probabilities tensor",
 }
@@ -57,6 +56,8 @@ def convert(conv, node) -> None:
         t = np.asarray([a.get("threshold", 0.0)], np.float32)
         b = _op(conv, node, "compare", [x, _const(conv, node, "threshold", t)], {"cmp": "gt"})
         _op(conv, node, "cast", [b], {"to": F32.name}, last=True)
+    elif op == "Normalizer":
+        _normalizer(conv, node, a, x)
     elif op == "LinearRegressor":
         if a.get("post_transform", b"NONE") not in (b"NONE", "NONE"):
             conv.fail("post_transform other than NONE (onnxruntime applies PROBIT to a "
@@ -64,6 +65,26 @@ def convert(conv, node) -> None:
         _linear(conv, node, a, x, int(a.get("targets", 1)), last=True)
     else:
         _classifier(conv, node, a, x)
+
+
+def _normalizer(conv, node, a, x) -> None:
+    """L1: each row over the sum of its absolute values, taken in index
+    order from 0 (a Gemm with a column of ones adds them in that order, each
+    product exact), the row unchanged where the sum is 0."""
+    norm = _text(a.get("norm", "MAX"))
+    if norm != "L1":
+        conv.fail(f"norm {norm}: kmlc compiles L1 (MAX needs a maximum over each row, L2 a "
+                  "square root, neither compiled yet)", node)
+    if len(x.type.shape) != 2:
+        conv.fail(f"input of rank {len(x.type.shape)}; Normalizer takes rows", node)
+    n = x.type.shape[1]
+    mag = _op(conv, node, "abs", [x])
+    s = _op(conv, node, "gemm", [mag, _const(conv, node, "ones", np.ones((n, 1), np.float32))],
+            {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0})
+    nz = _op(conv, node, "compare", [s, _const(conv, node, "zero", np.zeros(1, np.float32))],
+             {"cmp": "ne"})
+    q = _op(conv, node, "div", [x, s])
+    _op(conv, node, "where", [nz, q, x], last=True)
 
 
 def _name(node, what: str) -> str:

@@ -45,6 +45,16 @@ def test_a_scaled_logistic_regression_predicts_as_scikit_learn(numerics, tmp_pat
     assert np.max(np.abs(probs - pipe.predict_proba(x))) < tol
 
 
+def test_a_three_class_logistic_regression_in_float(tmp_path):
+    x, _ = data()
+    y = (x[:, 0] > 0).astype(int) + (x[:, 1] > 5)
+    lr = LogisticRegression().fit(x, y)
+    kmlc.compile(lr, x[:3], tmp_path / "o", targets="user")
+    got = kmlc.load(tmp_path / "o").run_named(x)
+    assert np.array_equal(got["label"].reshape(-1), lr.predict(x))
+    assert np.max(np.abs(got["probabilities"].reshape(len(x), 3) - lr.predict_proba(x))) < 1e-5
+
+
 def test_linear_regression_and_integer_features(tmp_path):
     x, _ = data()
     xi = np.round(x).astype(np.int64)
@@ -64,8 +74,10 @@ def test_what_it_cannot_take_is_one_line(tmp_path):
     with pytest.raises(KmlcError, match="no output directory given.*scikit-learn"):
         kmlc.compile(LogisticRegression().fit(x, y), tmp_path / "b")
     three = (x[:, 0] > 0).astype(int) + (x[:, 1] > 5)
-    # skl2onnx writes a LinearClassifier, then an L1 Normalizer
-    with pytest.raises(KmlcError, match=r"\(Normalizer\)"):
-        kmlc.compile(LogisticRegression().fit(x, three), x, tmp_path / "c")  # not yet
+    # skl2onnx writes a LinearClassifier, then an L1 Normalizer: a division
+    # by a runtime value, which fixed point does not compile
+    with pytest.raises(KmlcError, match=r"\(Normalizer\): op 'div' is not supported"):
+        kmlc.compile(LogisticRegression().fit(x, three), x, tmp_path / "c", numerics="fixed",
+                     calibration=x)
     for d in "abc":
         assert not (tmp_path / d).exists()
