@@ -171,10 +171,8 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
     the hook's module parameters (kmlc.hooks); ``guards``: ``--guard``
     specs, the guards on the hook's decisions (kmlc.hooks.guard)."""
     from .codegen import emit
-    from .frontends import load as import_model
+    from .frontends import load as import_model, takes_example_inputs
     from .targets import user
-
-    from .frontends import takes_example_inputs
 
     example_inputs = None
     if takes_example_inputs(model):

@@ -59,7 +59,7 @@ def convert(conv, node) -> None:
     elif op == "Normalizer":
         _normalizer(conv, node, a, x)
     elif op == "LinearRegressor":
-        if a.get("post_transform", b"NONE") not in (b"NONE", "NONE"):
+        if _text(a.get("post_transform", "NONE")) != "NONE":
             conv.fail("post_transform other than NONE (onnxruntime applies PROBIT to a "
                       "single target only); kmlc compiles NONE", node)
         _linear(conv, node, a, x, int(a.get("targets", 1)), last=True)
@@ -79,12 +79,17 @@ def _normalizer(conv, node, a, x) -> None:
         conv.fail(f"input of rank {len(x.type.shape)}; Normalizer takes rows", node)
     n = x.type.shape[1]
     mag = _op(conv, node, "abs", [x])
-    s = _op(conv, node, "gemm", [mag, _const(conv, node, "ones", np.ones((n, 1), np.float32))],
-            {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0})
+    s = _gemm(conv, node, [mag, _const(conv, node, "ones", np.ones((n, 1), np.float32))])
     nz = _op(conv, node, "compare", [s, _const(conv, node, "zero", np.zeros(1, np.float32))],
              {"cmp": "ne"})
     q = _op(conv, node, "div", [x, s])
     _op(conv, node, "where", [nz, q, x], last=True)
+
+
+def _gemm(conv, node, ins, trans_b: int = 0, **where):
+    """x @ w (+ b), or x @ w^T (+ b) with ``trans_b``: ONNX Gemm, alpha = beta = 1."""
+    return _op(conv, node, "gemm", ins, {"alpha": 1.0, "beta": 1.0, "transA": 0,
+                                         "transB": trans_b}, **where)
 
 
 def _name(node, what: str) -> str:
@@ -123,8 +128,7 @@ def _linear(conv, node, a, x, rows: int, last: bool = False, out=None):
         if b.size != rows:
             conv.fail(f"{b.size} intercepts for {rows} rows", node)
         ins.append(_const(conv, node, "intercepts", b))
-    return _op(conv, node, "gemm", ins, {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1},
-               last=last, out=out)
+    return _gemm(conv, node, ins, 1, last=last, out=out)
 
 
 def _text(v) -> str:
@@ -153,10 +157,9 @@ def _classifier(conv, node, a, x) -> None:
         if scores_out:
             if len(labels) == 2:      # [1 - t, t] = t @ [[-1, 1]] + [1, 0], exact in float
                 t = _op(conv, node, "sigmoid", [s]) if post == "LOGISTIC" else s
-                _op(conv, node, "gemm", [t, _const(conv, node, "sign", np.array(
-                    [[-1, 1]], np.float32)), _const(conv, node, "one", np.array(
-                        [1, 0], np.float32))], {"alpha": 1.0, "beta": 1.0, "transA": 0,
-                                                "transB": 0}, out=scores_out)
+                sign = _const(conv, node, "sign", np.array([[-1, 1]], np.float32))
+                one = _const(conv, node, "one", np.array([1, 0], np.float32))
+                _gemm(conv, node, [t, sign, one], out=scores_out)
             else:
                 _op(conv, node, "reshape", [s], {"shape": list(s.type.shape)}, out=scores_out)
         return

@@ -155,6 +155,12 @@ static inline u32 kml_guard_state(const struct kml_guard *g)
 	       (g->env_tripped ? KML_GUARD_TRIPPED_BIT : 0);
 }
 
+/* Whether the model is on trial: benefit_trial, and no verdict yet. */
+static inline bool kml_guard_on_trial(const struct kml_guard *g, const struct kml_guard_cfg *c)
+{
+	return c->benefit_trial && !g->judged;
+}
+
 /* Whether any of the n encoded features f lies outside [lo[i], hi[i]]. */
 static inline bool kml_guard_outside(const s32 *f, const s32 *lo, const s32 *hi, int n)
 {
@@ -220,7 +226,7 @@ static inline s32 kml_guard_decide(struct kml_guard *g, const struct kml_guard_c
 		w = KML_WHY_ENVELOPE;
 	} else if (c->benefit_every && model != dflt) {
 		/* the default holds the majority: the model is on trial or demoted */
-		trial = c->benefit_trial && !g->judged;
+		trial = kml_guard_on_trial(g, c);
 		held = trial || g->demoted;
 		if (trial)
 			every = KML_GUARD_TRIAL_EVERY;
@@ -302,7 +308,7 @@ static inline bool kml_guard_cost(struct kml_guard *g, const struct kml_guard_cf
 	mean_m = sum[KML_GUARD_ARM_MODEL] / n[KML_GUARD_ARM_MODEL];
 	mean_d = sum[KML_GUARD_ARM_DEFAULT] / n[KML_GUARD_ARM_DEFAULT];
 	/* on trial or demoted: trusted if better by the margin; trusted: kept unless worse by it */
-	trial = c->benefit_trial && !g->judged;
+	trial = kml_guard_on_trial(g, c);
 	if (trial || g->demoted)
 		trust = mean_m * margin <= mean_d * 100;
 	else

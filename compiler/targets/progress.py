@@ -6,8 +6,9 @@ set): every ``every`` seconds it logs how
 many object files (``*.o``) the build has written since it began, of about
 how many, and an estimate of the time left at the rate so far.  The
 expected counts are those of the builds on our machines (``EXPECTED``);
-a build that starts with most of its objects in place (a configuration
-change) is a partial rebuild, and gets no estimate.
+a build that found most of its objects in place (a configuration change)
+is a partial rebuild, and gets no estimate.  Nothing is counted before the
+first report, so a build that ends sooner costs nothing.
 """
 from __future__ import annotations
 
@@ -21,15 +22,17 @@ from pathlib import Path
 EXPECTED = {"debug": 1678, "kunit-um": 693, "kunit-x86_64": 1426}
 
 
-def objects(build: Path, since: float = 0.0) -> int:
-    """Object files under ``build`` modified at or after ``since``."""
-    n = 0
+def objects(build: Path, since: float) -> tuple[int, int]:
+    """Object files under ``build``: all of them, and those modified at or
+    after ``since``."""
+    total = new = 0
     for p in build.rglob("*.o"):
         try:
-            n += p.stat().st_mtime >= since
+            new += p.stat().st_mtime >= since
+            total += 1
         except OSError:          # removed while we looked
             pass
-    return n
+    return total, new
 
 
 def minutes(s: float) -> str:
@@ -53,14 +56,15 @@ def line(what: str, done: int, expected: int | None, elapsed: float) -> str:
 def watch(build: Path, what: str, expected: int | None, log=print, every: float = 60.0):
     build = Path(build)
     start = time.time()
-    before = objects(build) if build.is_dir() else 0
-    partial = expected is not None and before > expected // 2
     stop = threading.Event()
 
     def run():
+        partial = None           # decided at the first count: nothing is scanned up front
         while not stop.wait(every):
             # file times come from a coarse clock (a jiffy behind): a second of slack
-            done = objects(build, start - 1.0) if build.is_dir() else 0
+            total, done = objects(build, start - 1.0) if build.is_dir() else (0, 0)
+            if partial is None:
+                partial = expected is not None and total - done > expected // 2
             log(line(what, done, None if partial else expected, time.time() - start))
 
     t = threading.Thread(target=run, daemon=True)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 import numpy as np  # noqa: E402
 
 from admission import evaluate, search, sim, traces  # noqa: E402
-from kml_common.pipeline import Parser, kmlc, machine, script, write_results  # noqa: E402
+from kml_common.pipeline import Parser, kmlc, run_record, script, write_results  # noqa: E402
 
 GUARDS = ["--guard", "benefit"]
 MODELS = ("learned", "learned_guarded", "inverted", "inverted_guarded")
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
                "inverted": "the same, last layer negated"}},
            "summary": evaluate.rounded(summary(per_seed), 5),
            "seeds": [evaluate.rounded(r, 5) for r in per_seed],
-           "run": {"machine": machine(), "seconds": round(time.perf_counter() - t0, 1)}}
+           "run": run_record(t0)}
     write_results(a.out, "guards", res, markdown(res))
     return 0
 

@@ -53,7 +53,8 @@ sys.path.insert(0, str(HERE.parent))
 import numpy as np  # noqa: E402
 
 from admission import evaluate, labeling, search, sim, traces, train  # noqa: E402
-from kml_common.pipeline import Fail, Parser, kmlc, machine, script, write_results  # noqa: E402
+from kml_common.pipeline import (Fail, Parser, kmlc, run_record, script,  # noqa: E402
+                                 write_results)
 
 BEFORE = traces.Config(gc_mib=8.0, gc_ms=(1.0, 4.0))
 AFTER = traces.Config()
@@ -375,7 +376,7 @@ def main(argv=None) -> int:
            "v1_slow_reads": on_slow_reads(v1["v1"]),
            "summary": evaluate.rounded(summary(per_seed), 5),
            "seeds": [evaluate.rounded(r, 5) for r in per_seed],
-           "run": {"machine": machine(), "seconds": round(time.perf_counter() - t0, 1)}}
+           "run": run_record(t0)}
     write_results(a.out, "loop", res, markdown(res))
     return 0
 

@@ -89,6 +89,12 @@ def script_dirs(a, here: Path) -> tuple[Path, Path]:
     return work, out
 
 
+def run_record(t0: float) -> dict:
+    """What a measuring script's results say of its run: the machine, and
+    the seconds since ``t0`` (time.perf_counter())."""
+    return {"machine": machine(), "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def write_results(out: Path, stem: str, res: dict, md: str) -> None:
     """OUT/STEM.json (``res``) and OUT/STEM.md (``md``, also printed)."""
     out.mkdir(parents=True, exist_ok=True)

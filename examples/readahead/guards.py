@@ -23,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from kml_common.pipeline import (kmlc, machine, script, script_dirs,  # noqa: E402
+from kml_common.pipeline import (kmlc, run_record, script, script_dirs,  # noqa: E402
                                  script_parser, workers, write_results)
 from readahead.workloads import WORKLOADS  # noqa: E402
 
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
             res.setdefault(s, {}).setdefault(w, {})[p_] = r
     r = {"command": " ".join(["python", "examples/readahead/guards.py", *(argv or sys.argv[1:])]),
          "guards": guards, "class_table": table, "results": res, "summary": summary(res),
-         "run": {"machine": machine(), "seconds": round(time.perf_counter() - t0, 1)}}
+         "run": run_record(t0)}
     write_results(out, "guards", r, markdown(r))
     return 0
 

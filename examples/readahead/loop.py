@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import numpy as np  # noqa: E402
 
-from kml_common.pipeline import (kmlc, machine, script, script_dirs,  # noqa: E402
+from kml_common.pipeline import (kmlc, run_record, script, script_dirs,  # noqa: E402
                                  script_parser, workers, write_results)
 from readahead.workloads import CLASSES  # noqa: E402
 
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
          "plan": p, "class_table": table, "traced_windows": len(xn),
          "train_rows": {"v1": len(x1), "v2": len(x2)}, "pack": packed["command"],
          "results": res, "summary": summary(res, p),
-         "run": {"machine": machine(), "seconds": round(time.perf_counter() - t0, 1)}}
+         "run": run_record(t0)}
     write_results(out, "loop", r, markdown(r))
     return 0
 

@@ -209,3 +209,36 @@ def test_modules_build_and_meet_the_kernel_c_standards(tmp_path):
         kernel_c.check_checkpatch_clean(d / "kernel")
         kernel_c.check_checkpatch_clean(d / "kunit")
         kernel.build_module(d / "kernel")
+
+
+@pytest.mark.parametrize("name", ["scaler", "binarizer", "normalizer"])
+def test_hostile_values_as_onnxruntime(name, tmp_path):
+    """NaN, infinities, signed zeros, the largest floats and denormals in
+    every position: the elementwise ops give onnxruntime's values (NaN
+    where it has NaN), a row with an infinity or a NaN in its norm too.
+    onnxruntime's Binarizer refuses a NaN input; kmlc's gives 0 (NaN > t
+    is false, docs/frontends.md)."""
+    vals = [np.inf, -np.inf, 0.0, -0.0, 3.4e38, -3.4e38, 1e-45, -1e-45, 1.0]
+    vals = np.array(vals + ([] if name == "binarizer" else [np.nan]), np.float32)
+    r = np.random.default_rng(9)
+    x = r.choice(vals, size=(400, F)).astype(np.float32)
+    x[:20] = 0.0
+    x[20:40] = -0.0
+    m = CASES[name]
+    want = oracle(m, x)[0]
+    got = twin_outputs(m, x, tmp_path)[0].reshape(want.shape)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert np.array_equal(got[ok].view(np.uint32), want[ok].view(np.uint32))
+    if name == "binarizer":
+        nan = np.full((1, F), np.nan, np.float32)
+        assert not load(tmp_path / "o").run_named(nan)["y"].any()
+
+
+def test_a_scaler_of_the_wrong_width_is_refused(tmp_path):
+    m = ml_model([helper.make_node("Scaler", ["x"], ["y"], domain=ML, offset=[1.0, 2.0, 3.0],
+                                   scale=[1.0])], [out("y", T.FLOAT, [None, F])])
+    onnx.save(m, tmp_path / "m.onnx")
+    with pytest.raises(KmlcError, match=r"\(Scaler\): offset has 3 values for 5 features"):
+        kcompile(tmp_path / "m.onnx", tmp_path / "o", targets="user")
+    assert not (tmp_path / "o").exists()
