@@ -29,7 +29,13 @@ setup(
         "torch": ["torch>=2.4", "onnxscript"],
         "tvm": ["apache-tvm>=0.27,<0.28"],
         "sklearn": ["scikit-learn>=1.3", "skl2onnx>=1.16"],
-        "bench": ["apache-tvm>=0.27,<0.28", "matplotlib>=3.5"],
+        # LightGBM and XGBoost estimators (xgboost-cpu: without the CUDA libraries)
+        "trees": ["scikit-learn>=1.3", "skl2onnx>=1.16", "onnxmltools>=1.12", "lightgbm>=4",
+                  "xgboost-cpu>=2"],
+        "bench": ["apache-tvm>=0.27,<0.28", "matplotlib>=3.5",
+                  # benchmarks/trees.py's peers
+                  "treelite>=4", "tl2cgen>=1", "m2cgen>=0.10", "emlearn>=0.20",
+                  "scikit-learn>=1.3", "skl2onnx>=1.16"],
     },
     entry_points={"console_scripts": ["kmlc=kmlc.cli:main"]},
 )

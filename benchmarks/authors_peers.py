@@ -157,17 +157,9 @@ def run_case(case: dict, work: Path, peak: dict, args) -> list[str]:
         inputs[f"kmlc, {p} path"] = raw
     exes["authors' int64 C"] = build_authors(case, work / "authors", flags)
     inputs["authors' int64 C"] = case["peer_rows"]
-    agree, per = {}, {k: [] for k in exes}
-    for i, (k, e) in enumerate(exes.items()):
-        (work / f"t{i}").mkdir()
-        y = bench_c.outputs(e, inputs[k], work / f"t{i}")
-        dec = y[:, 0] != 0 if k.startswith("authors") else case["decide"](y)
-        agree[k] = float(np.mean(dec == case["ref"]))
-        (work / f"t{i}" / "rows.bin").unlink(missing_ok=True)
-    for r in range(args.rounds):
-        for i, (k, e) in enumerate(exes.items()):
-            ticks, ovh, _ = bench_c.time_calls(e, inputs[k], args.samples, 1000, work / f"t{i}")
-            per[k].append(float(np.median(ticks - ovh)) / peak["tsc_hz"] * 1e9)
+    agree, per = bench_c.compare_and_time(
+        exes, inputs, lambda k, y: y[:, 0] != 0 if k.startswith("authors") else case["decide"](y),
+        case["ref"], work, peak, args.rounds, args.samples)
     med = {k: float(np.median(v)) for k, v in per.items()}
     base = med["authors' int64 C"]
     widths = ", ".join(f"int{b}" for b in meta["fixed"]["weight_bits"].values())

@@ -198,6 +198,24 @@ def time_calls(exe: Path, rows: np.ndarray, samples: int, warmup: int, work: Pat
     return np.fromfile(out, dtype=np.uint32).astype(np.float64), ovh, clock
 
 
+def compare_and_time(exes: dict, inputs: dict, decide, ref: np.ndarray, work: Path,
+                     peak: dict, rounds: int, samples: int) -> tuple[dict, dict]:
+    """Each timing program's decisions against ``ref`` (``decide(name,
+    outputs)`` turns a program's raw outputs into decisions), then
+    ``rounds`` rounds of ``samples`` timed calls of every program in turn:
+    ({name: agreement}, {name: [median ns per call of each round]})."""
+    agree, per = {}, {k: [] for k in exes}
+    for i, (k, e) in enumerate(exes.items()):
+        (work / f"t{i}").mkdir()
+        agree[k] = float(np.mean(decide(k, outputs(e, inputs[k], work / f"t{i}")) == ref))
+        (work / f"t{i}" / "check.bin").unlink(missing_ok=True)
+    for _ in range(rounds):
+        for i, (k, e) in enumerate(exes.items()):
+            ticks, ovh, _ = time_calls(e, inputs[k], samples, 1000, work / f"t{i}")
+            per[k].append(float(np.median(ticks - ovh)) / peak["tsc_hz"] * 1e9)
+    return agree, per
+
+
 def outputs(exe: Path, rows: np.ndarray, work: Path) -> np.ndarray:
     """The raw outputs of a timing program's function on ``rows``."""
     f = work / "check.bin"

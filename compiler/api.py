@@ -435,9 +435,11 @@ def _manifest(prog: Program, targets, source: str, sha: str, goldens=None) -> di
 
 def onnx_dtype(prog: Program, p) -> str:
     """A port's element type in the source model: a fixed-point program's
-    int16 outputs and encoded int32 inputs stand for float32 values."""
+    int16 outputs, int32 outputs on a scale (a tree ensemble's sums) and
+    encoded int32 inputs stand for float32 values."""
     q = prog.quant
-    if q is not None and p.type.dtype.name == "i16":
+    if q is not None and (p.type.dtype.name == "i16" or "scale" in q.outputs.get(
+            p.buffer.value, {})):
         return "f32"
     if q is not None and p.buffer.value in q.inputs:
         return q.inputs[p.buffer.value].get("onnx_dtype", "f32")

@@ -172,6 +172,10 @@ def compile_cmd(model, input_shapes, outdir, targets, name, numerics, calibratio
                    "path, taken where the FPU may be used and the model has >= simd_min_macs "
                    "(512) of them")
     for o in fx.get("outputs", []):
+        if o.get("integer"):
+            click.echo(f"kmlc: fixed point, output '{o['name']}': integers, decided exactly on "
+                       "the fixed-point values (report.txt)")
+            continue
         click.echo(f"kmlc: fixed point, output '{o['name']}': " + (
             f"|fixed - float| <= {o['error_bound']:.3g}" if "error_bound" in o else
             f"class as float's wherever its top-2 gap > {o['gap']:.3g}") +

@@ -41,11 +41,12 @@ I32 = DType("i32", np.int32, "s32")
 I16 = DType("i16", np.int16, "s16")
 I8 = DType("i8", np.int8, "s8")
 U8 = DType("u8", np.uint8, "u8")
+U16 = DType("u16", np.uint16, "u16")
 U32 = DType("u32", np.uint32, "u32")
 # ONNX bool: one byte holding 0 or 1 (u8 in C, so that the same arrays work
 # in the kernel and in userspace, where bool's size is the ABI's).
 BOOL = DType("bool", np.bool_, "u8")
-DTYPES = {d.name: d for d in (F32, I64, I32, I16, I8, U8, U32, BOOL)}
+DTYPES = {d.name: d for d in (F32, I64, I32, I16, I8, U8, U16, U32, BOOL)}
 
 
 def dtype_of(array: np.ndarray) -> DType:

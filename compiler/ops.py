@@ -283,7 +283,7 @@ OPS["softmax"] = OpDef("softmax", _softmax_infer,
 
 def _argmax_infer(types, attrs):
     _need(len(types) == 1, "takes 1 operand")
-    _need(types[0].dtype in (F32, I16), f"argmax of {types[0]}")
+    _need(types[0].dtype in (F32, I16, I64), f"argmax of {types[0]}")
     shape = list(types[0].shape)
     axis = _axis(attrs, len(shape))
     if attrs["keepdims"]:
@@ -414,6 +414,87 @@ def _dense_eval(xs, attrs):
 OPS["dense"] = OpDef("dense", _dense_infer, _dense_eval)
 
 
+# ---- tree ensembles ---------------------------------------------------------
+#   trees (x [R, F], threshold [N], leaf [L, K] | [L], feature [N], next [N, 2],
+#          root [T], [leaf_target [L]], [flags [N]], [base [K]])
+#         {targets: K, depth, branches: B, mode, aggregate, sparse, flags, base}
+#         -> [R, K]
+# N = B + L nodes: B branches, then the L leaves, whose both next entries
+# are themselves.  Every row walks each of the T trees from its root for
+# exactly ``depth`` steps (no tree is deeper: frontends/onnx_trees.py
+# proves it; a leaf reached early stays): at node i it tests x[feature[i]]
+# against threshold[i] (``mode``: le lt ge gt eq ne, or "mixed": flags[i]
+# & 7 names the test, in that order) and goes to next[i][0] if the test
+# holds, else next[i][1].  With ``flags``, bit 3 of flags[i] sends a NaN
+# (missing) value to next[i][0] (float only).  Node B + l is leaf l.  The leaves' values are summed per
+# target over the trees in order from 0.0: dense leaves [L, K] add a row to
+# every target, sparse ones (``sparse``) add leaf[l] to target
+# leaf_target[l].  aggregate "average" then divides the sums by T; with
+# ``base``, base[k] is added last.  Float sums are float32, in
+# that order; integer sums (fixed point: x, threshold and leaf integers)
+# are exact (passes/quantize.py proves the leaf sums' bound).
+
+TREE_MODES = ("le", "lt", "ge", "gt", "eq", "ne")
+
+
+def _trees_infer(types, attrs):
+    x, thr, leaf, feature, nxt, root = types[:6]
+    _need(len(types) == 6 + bool(attrs["sparse"]) + bool(attrs["flags"]) + bool(attrs["base"]),
+          "trees operands")
+    _need(len(x.shape) == 2, f"trees input {x} is not [rows, features]")
+    _need(x.dtype == F32 and thr.dtype == F32 and leaf.dtype == F32 or
+          x.dtype in (I32, I64) and thr.dtype in (I32, I64) and leaf.dtype in (I32, I64),
+          f"trees of {x} with thresholds {thr} and leaves {leaf}")
+    n = thr.shape[0]
+    _need(feature.shape == (n,) and nxt.shape == (n, 2), "trees node tables differ in length")
+    _need(n == attrs["branches"] + leaf.shape[0], f"trees of {n} nodes: {attrs['branches']} "
+          f"branches and {leaf.shape[0]} leaves")
+    _need(attrs["mode"] in TREE_MODES + ("mixed",), f"unknown tree mode {attrs['mode']}")
+    _need(len(leaf.shape) == (1 if attrs["sparse"] else 2), f"trees leaves {leaf}")
+    k = attrs["targets"]
+    _need(attrs["sparse"] or leaf.shape[1] == k, f"trees leaves {leaf} for {k} targets")
+    _need(not attrs["base"] or types[-1].shape == (k,) and types[-1].dtype == leaf.dtype,
+          f"trees base values {types[-1]} for {k} targets of {leaf.dtype}")
+    return [TensorType(leaf.dtype, (x.shape[0], k))]
+
+
+def _trees_eval(xs, attrs):
+    x, thr, leaf, feature, nxt, root = xs[:6]
+    rest = list(xs[6:])
+    target = rest.pop(0) if attrs["sparse"] else None
+    flags = rest.pop(0) if attrs["flags"] else np.zeros(thr.shape, np.uint8)
+    base = rest.pop(0) if attrs["base"] else None
+    n, rows = attrs["branches"], np.arange(x.shape[0])[:, None]
+    idx = np.broadcast_to(root.astype(np.int64), (x.shape[0], root.shape[0])).copy()
+    codes = flags & 7 if attrs["mode"] == "mixed" else \
+        np.full(thr.shape, TREE_MODES.index(attrs["mode"]), np.uint8)
+    for _ in range(attrs["depth"]):
+        v, t = x[rows, feature[idx].astype(np.int64)], thr[idx]
+        tests = [f(v, t) for f in (np.less_equal, np.less, np.greater_equal, np.greater,
+                                   np.equal, np.not_equal)]
+        go = np.choose(codes[idx], tests)
+        if x.dtype == np.float32:
+            go = go | (np.isnan(v) & (flags[idx] & 8 != 0))
+        idx = np.where(go, nxt[idx, 0], nxt[idx, 1]).astype(np.int64)
+    assert (idx >= n).all(), "a tree deeper than its depth"
+    lv = idx - n
+    k = attrs["targets"]
+    acc = np.zeros((x.shape[0], k), leaf.dtype)
+    for t in range(root.shape[0]):            # in tree order, as the C
+        if attrs["sparse"]:
+            acc[rows[:, 0], target[lv[:, t]].astype(np.int64)] += leaf[lv[:, t]]
+        else:
+            acc += leaf[lv[:, t]]
+    if attrs["aggregate"] == "average":
+        acc = (acc / np.float32(root.shape[0])).astype(leaf.dtype)
+    if base is not None:
+        acc = (acc + base).astype(leaf.dtype)
+    return [acc]
+
+
+OPS["trees"] = OpDef("trees", _trees_infer, _trees_eval)
+
+
 # ---- fixed point ---------------------------------------------------------------
 # Integer ops made by passes/quantize.py; passes/bound_ranges.py then proves
 # their ranges and sets the integer multipliers (mult, shift) the evaluators
@@ -438,8 +519,10 @@ OPS["dense"] = OpDef("dense", _dense_infer, _dense_eval)
 #       leaky: y = x >= zp ? x : clamp(zp + requant(x - zp, mult, shift), i16)
 #              (requant(zp - x, ...) when flip: a negative slope)
 #       lut:   y = f_q15(clamp(requant(x - zp, mult, shift), s32))
+#       requant: y = clamp(requant(x, mult, shift) + zp, lo, hi), x i32 or i64
+#              (a tree ensemble's sums), y i16 or i32 as ``to`` says
 #   qsoftmax (x: i16) {axis, mult, shift}: Q0.15 probabilities, see kml_fixed.h
-# All results are i16, but qinput's (i32).
+# All results are i16, but qinput's (i32) and qact requant's (``to``).
 
 S32 = (-(2**31), 2**31 - 1)
 S16 = (-32768, 32767)
@@ -521,6 +604,10 @@ def _qdense_infer(types, attrs):
 
 def _qact_eval(xs, attrs):
     x = xs[0].astype(np.int64)
+    if attrs["mode"] == "requant":
+        r = qmath.requant(x, attrs["mult"], attrs["shift"]) + attrs["zp"]
+        _count(r, *(S16 if attrs["to"] == "i16" else S32))
+        return [qmath.clamp(r, attrs["lo"], attrs["hi"])]
     if attrs["mode"] == "clamp":
         return [qmath.clamp(x, attrs["lo"], attrs["hi"])]
     if attrs["mode"] in ("neg", "abs"):     # y = zp_out + requant(-d or |d|), d = x - zp
@@ -558,7 +645,15 @@ def _qinput_infer(types, attrs):
 
 OPS["qinput"] = OpDef("qinput", _qinput_infer, _qinput_eval)
 OPS["qdense"] = OpDef("qdense", _qdense_infer, _qdense_eval)
-OPS["qact"] = OpDef("qact", _q_infer(I16), _qact_eval)
+def _qact_infer(types, attrs):
+    if attrs["mode"] != "requant":
+        return _q_infer(I16)(types, attrs)
+    _need(types[0].dtype in (I32, I64), f"requant of {types[0]}")
+    _need(attrs["to"] in ("i16", "i32"), f"requant to {attrs['to']}")
+    return [TensorType(DTYPES[attrs["to"]], types[0].shape)]
+
+
+OPS["qact"] = OpDef("qact", _qact_infer, _qact_eval)
 OPS["qsoftmax"] = OpDef("qsoftmax", _q_infer(I16), _qsoftmax_eval)
 
 

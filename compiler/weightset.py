@@ -151,11 +151,22 @@ def dense_layers(prog: Program) -> list[dict]:
     return out
 
 
+# a tree ensemble's members the C indexes with: a new set may not change them
+TREE_STRUCTURE = ("feature", "next", "root", "leaf_target", "flags")
+
+
 def pinned_members(prog: Program) -> list[Buffer]:
-    """The members a fixed-point set may not change: all but its dense
-    layers' weights, biases and requantization words."""
-    free = {m for layer in dense_layers(prog) for m in layer["members"].values()}
-    return [b for b in prog.weight_set() if b.name not in free]
+    """The members a new set may not change: in fixed point all but its
+    dense layers' weights, biases and requantization words; in float the
+    tree ensembles' structure (features, children, roots, leaf targets and
+    node flags), whose values index arrays (thresholds, leaf values and
+    base values may change)."""
+    if prog.numerics == "fixed":
+        free = {m for layer in dense_layers(prog) for m in layer["members"].values()}
+        return [b for b in prog.weight_set() if b.name not in free]
+    tree = {k.operands[r].name for k in prog.kernels if k.kind == "trees"
+            for r in TREE_STRUCTURE if r in k.operands}
+    return [b for b in prog.weight_set() if b.name in tree]
 
 
 def blob_bytes(prog: Program) -> int:
@@ -249,7 +260,7 @@ def corruption_cases(prog: Program) -> list[tuple[str, int, bytes, str]]:
         if L["wbytes"] == 2:
             w = m.get("w", m.get("w_tail"))
             out.append((f"{name}: int16 weight -32768", img + off[w], b"\x00\x80", "-32768"))
-    pinned = pinned_members(prog) if fixed else []
+    pinned = pinned_members(prog)
     if pinned:
         b = pinned[0]
         out.append((f"format {b.name}", img + off[b.name],

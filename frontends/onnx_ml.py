@@ -28,7 +28,8 @@ import numpy as np
 from ..ir import F32, c_identifier, const
 
 DOMAIN = "ai.onnx.ml"
-SUPPORTED = ("Binarizer", "LinearClassifier", "LinearRegressor", "Normalizer", "Scaler")
+SUPPORTED = ("Binarizer", "LinearClassifier", "LinearRegressor", "Normalizer", "Scaler",
+             "TreeEnsembleClassifier", "TreeEnsembleRegressor")
 WHY_NOT = {
     "ZipMap": "it outputs a sequence of maps; convert without it (skl2onnx: "
               "options={'zipmap': False}) and use the probabilities tensor",
@@ -58,6 +59,10 @@ def convert(conv, node) -> None:
         _op(conv, node, "cast", [b], {"to": F32.name}, last=True)
     elif op == "Normalizer":
         _normalizer(conv, node, a, x)
+    elif op.startswith("TreeEnsemble"):
+        from . import onnx_trees
+
+        onnx_trees.convert(conv, node, a, x)
     elif op == "LinearRegressor":
         if _text(a.get("post_transform", "NONE")) != "NONE":
             conv.fail("post_transform other than NONE (onnxruntime applies PROBIT to a "
@@ -166,16 +171,7 @@ def _classifier(conv, node, a, x) -> None:
     if len(labels) != rows:
         conv.fail(f"{len(labels)} class labels for {rows} rows of coefficients", node)
     idx = _op(conv, node, "argmax", [s], {"axis": 1, "keepdims": 0, "select_last_index": 0})
-    if labels == list(range(rows)):
-        _op(conv, node, "reshape", [idx], {"shape": list(idx.type.shape)}, last=True)
-    else:                             # the label of the winning row, by a chain of selects
-        acc = _const(conv, node, "label0", np.array([labels[0]], np.int64))
-        for k in range(1, rows):
-            hit = _op(conv, node, "compare", [idx, _const(conv, node, f"row{k}",
-                                                          np.array([k], np.int64))],
-                      {"cmp": "eq"})
-            acc = _op(conv, node, "where", [hit, _const(conv, node, f"label{k}", np.array(
-                [labels[k]], np.int64)), acc], last=k == rows - 1)
+    _label_of(conv, node, idx, labels)
     if scores_out:
         if post == "NONE":
             _op(conv, node, "reshape", [s], {"shape": list(s.type.shape)}, out=scores_out)
@@ -183,3 +179,16 @@ def _classifier(conv, node, a, x) -> None:
             _op(conv, node, "sigmoid", [s], out=scores_out)
         else:
             _op(conv, node, "softmax", [s], {"axis": -1}, out=scores_out)
+
+
+def _label_of(conv, node, idx, labels: list[int]) -> None:
+    """The node's first output: labels[idx], by a chain of selects."""
+    if labels == list(range(len(labels))):
+        _op(conv, node, "reshape", [idx], {"shape": list(idx.type.shape)}, last=True)
+        return
+    acc = _const(conv, node, "label0", np.array([labels[0]], np.int64))
+    for k in range(1, len(labels)):
+        hit = _op(conv, node, "compare", [idx, _const(conv, node, f"row{k}",
+                                                      np.array([k], np.int64))], {"cmp": "eq"})
+        acc = _op(conv, node, "where", [hit, _const(conv, node, f"label{k}", np.array(
+            [labels[k]], np.int64)), acc], last=k == len(labels) - 1)

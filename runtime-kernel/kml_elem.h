@@ -16,6 +16,25 @@
 
 #include "kml_types.h"
 
+/* A tree node's integer test: kml_tree_testf's modes (no NaN here). */
+static inline bool kml_tree_test_s64(s64 x, s64 t, u8 flags)
+{
+	switch (flags & 7) {
+	case 0:
+		return x <= t;
+	case 1:
+		return x < t;
+	case 2:
+		return x >= t;
+	case 3:
+		return x > t;
+	case 4:
+		return x == t;
+	default:
+		return x != t;
+	}
+}
+
 static inline s32 kml_max_s32(s32 a, s32 b)
 {
 	return a >= b ? a : b;

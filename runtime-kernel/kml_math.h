@@ -290,6 +290,44 @@ static inline float kml_roundf(float x)
 	return t;
 }
 
+/*
+ * A tree node's test (kmlc.ops "trees"), its mode in flags & 7: x <= t,
+ * x < t, x >= t, x > t, x == t, x != t, as ONNX's BRANCH_LEQ ... BRANCH_NEQ
+ * compare them; flags & 8 sends a NaN (a missing value) to the true branch.
+ */
+static inline bool kml_tree_testf(float x, float t, u8 flags)
+{
+	bool go;
+
+	switch (flags & 7) {
+	case 0:
+		go = x <= t;
+		break;
+	case 1:
+		go = x < t;
+		break;
+	case 2:
+		go = x >= t;
+		break;
+	case 3:
+		go = x > t;
+		break;
+	case 4:
+		go = x == t;
+		break;
+	default:
+		go = x != t;
+		break;
+	}
+	return go || ((flags & 8) && x != x);
+}
+
+/* A missing value (NaN) at a node whose flags & 8 send it to the true branch */
+static inline bool kml_tree_missingf(float x, u8 flags)
+{
+	return x != x && (flags & 8);
+}
+
 /* numpy's maximum and minimum: a NaN in either operand gives NaN. */
 static inline float kml_maxf(float a, float b)
 {

@@ -285,7 +285,7 @@ static inline int kml_set_check(const struct kml_set_desc *d, const u8 *blob,
 		if (img[i])
 			return -EINVAL;
 	__builtin_memcpy(set, img, d->bytes);
-	*why = "it changes a fixed-point format (input encoding, threshold) of the compiled model";
+	*why = "it changes what the model pins: a fixed-point format or a tree's structure";
 	for (i = 0; i < d->n_pinned; i++)
 		for (j = d->pinned[i].off; j < d->pinned[i].off + d->pinned[i].len; j++)
 			if (s[j] != ((const u8 *)d->builtin)[j])

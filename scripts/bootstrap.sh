@@ -86,7 +86,7 @@ if [ ! -x .venv/bin/python ]; then
 	step "creating .venv" python3 -m venv .venv
 fi
 EXTRAS=""
-[ "$MODE" = test ] && EXTRAS="[test,torch,tvm,sklearn]"
+[ "$MODE" = test ] && EXTRAS="[test,torch,tvm,sklearn,trees]"
 stamp=".venv/.kmlc-installed$(echo "$EXTRAS" | tr -dc 'a-z')"
 pip_install() {
 	.venv/bin/python -m pip install --progress-bar off --upgrade pip &&

@@ -95,6 +95,55 @@ def nfs_policy():
     return m, cal
 
 
+def tree_admission_policy():
+    """A gradient-boosted tree admission policy on Heimdall's 11 features
+    (scikit-learn, 30 trees of depth 3, through skl2onnx): decline the
+    reads its label calls slow, as a bool output; and its calibration rows."""
+    import warnings
+
+    from sklearn.ensemble import GradientBoostingClassifier
+
+    from kmlc.frontends import sklearn as sk
+
+    x = seed_models.sample_inputs("heimdall", 3000, seed=7).astype(np.float32)
+    slow = (x[:, 1] + x[:, 2] > np.median(x[:, 1] + x[:, 2])).astype(int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf = GradientBoostingClassifier(n_estimators=30, max_depth=3, random_state=0)
+        m, _ = sk.convert(clf.fit(x, slow), x)
+    g = m.graph
+    label = g.output[0].name
+    g.node.append(helper.make_node("Cast", [label], ["decline"], name="decide",
+                                   to=TensorProto.BOOL))
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("decline", TensorProto.BOOL, [None]))
+    return m, x
+
+
+def tree_readahead_policy():
+    """A random-forest readahead policy on KML's 5 features (10 trees of
+    depth 4): readahead_policy's rule as labels, a few rows of the other
+    two classes; its class probabilities are the output."""
+    import warnings
+
+    from sklearn.ensemble import RandomForestClassifier
+
+    from kmlc.frontends import sklearn as sk
+
+    _, x = readahead_policy()
+    y = np.where(x[:, 3] < 1024, 2, 0)
+    y[:40:2], y[1:40:2] = 1, 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rf = RandomForestClassifier(n_estimators=10, max_depth=4, random_state=0)
+        m, _ = sk.convert(rf.fit(x, y), x)
+    g = m.graph
+    keep = g.output[1]
+    del g.output[:]
+    g.output.append(keep)
+    return m, x
+
+
 def constant_policy(n_in: int, bias, act: str | None = None, name: str = "const"):
     """A model that ignores its inputs: Gemm with zero weights and these
     biases (then ``act``, e.g. "Sigmoid"), and calibration rows for it: a

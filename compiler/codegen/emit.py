@@ -459,7 +459,7 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
         "set_dense": dense_layers(prog), "blob_bytes": blob_bytes(prog),
         "set_offsets": member_offsets(prog),
         "set_end": members_end(prog),
-        "set_pinned": pinned_members(prog) if fixed else [],
+        "set_pinned": pinned_members(prog),
         "set_f32": [] if fixed else f32_members(prog),
         "in_t": prog.in_dtype.ctype, "out_t": prog.out_dtype.ctype,
         "in_bits": BITS[prog.in_dtype.size][0], "out_bits": BITS[prog.out_dtype.size][0],

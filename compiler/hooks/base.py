@@ -321,7 +321,8 @@ class ClassHook(Hook):
 
     def check(self, prog) -> None:
         if (prog.in_elems != self.features or prog.out_elems != len(self.classes)
-                or len(prog.outputs) != 1 or prog.outputs[0].type.dtype.name not in ("f32", "i16")):
+                or len(prog.outputs) != 1
+                or prog.outputs[0].type.dtype.name not in ("f32", "i16", "i32")):
             raise KmlcError(f"the {self.name} hook feeds {self.what} and reads "
                             f"{len(self.classes)} class scores; this model takes "
                             f"{prog.in_elems} and gives {prog.out_elems}")

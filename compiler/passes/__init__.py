@@ -99,6 +99,7 @@ def run_pipeline(g: Graph, numerics: str = "float",
         float_graph = g
         quant, agreement = choose_widths(g, cal, quant or QuantOptions())
         g, info = quantize(g, cal, quant)
+        g = eliminate_dead(g)          # an input only tree ensembles read needs no qinput
         info.decision_agreement = agreement
         emit("choose-widths", "weight bits: " + fmt_attr(info.weight_bits) + (
             f"\ndecisions agree with float on {info.decision_agreement:.2f}% of the "

@@ -20,6 +20,8 @@ proof does not trust calibration) through every op, and for each one:
     |acc| * mult < 2^63 and kml_requant is exact; the multiplier keeps 31
     bits where it can, 26 in dense layers (packed with the shift in one
     u32 per channel);
+  * ``trees``: |sum| <= |base| + the sum over trees of the largest |leaf|
+    (exact integers, below 2^TREE_BITS), whatever path a row takes;
   * ``qsoftmax``: differences from the maximum fit in 17 bits and the sum of
     at most 65535 Q0.15 values fits in 32.
 Afterwards every integer op carries its accumulator type and its
@@ -115,7 +117,15 @@ def bound_ranges(g: Graph) -> Graph:
             out = (a["lo"], a["hi"]) if a["mode"] == "clamp" else \
                 ((0, 32767) if a["fn"] == "sigmoid" else (-32767, 32767))
         elif op.kind == "qact":
-            if a["mode"] == "clamp":
+            if a["mode"] == "requant":       # |x| * mult < 2^63: kml_requant is exact
+                dev = max(abs(xl), abs(xh))
+                (m,), (s,) = _mults(op, a["scale"], dev)
+                a["mult"], a["shift"] = m, s
+                from ..qmath import requant
+
+                ends = requant(np.array([xl, xh]), m, s) + a["zp"]
+                out = (max(int(ends.min()), a["lo"]), min(int(ends.max()), a["hi"]))
+            elif a["mode"] == "clamp":
                 out = (max(xl, a["lo"]), min(xh, a["hi"]))
             elif a["mode"] == "round":       # quantize.py sized zp_out for the whole input
                 out = (a["lo"], a["hi"])
@@ -125,6 +135,17 @@ def bound_ranges(g: Graph) -> Graph:
                 a["mult"], a["shift"] = m, s
                 out = (-32768, 32767) if a["mode"] in ("leaky", "neg", "abs") else \
                     ((0, 32767) if a["fn"] == "sigmoid" else (-32767, 32767))
+        elif op.kind == "trees":
+            # every sum: |base| + the largest |leaf| of each tree, from the tables
+            from .quantize import TREE_BITS, _Quantizer
+
+            rest = op.inputs[6:]
+            hi = _Quantizer.tree_bound(op.inputs[2].data, rest[0].data if a["sparse"] else None,
+                                       op.inputs[4].data, op.inputs[5].data, a["branches"],
+                                       rest[-1].data if a["base"] else None, a["targets"])
+            if hi >= 2**TREE_BITS:
+                _fail(op, f"tree sums reach {hi}, beyond 2^{TREE_BITS}")
+            out = (-int(hi), int(hi))
         elif op.kind == "qsoftmax":
             n = x.type.shape[a["axis"] % len(x.type.shape)]
             if n >= 65536:

@@ -25,6 +25,9 @@ It counts, in this order for each layer:
     for Clip's rounded bounds; LeakyRelu max(1, |alpha|); sigmoid 1/4;
     tanh 1) times the input's bound, plus for table lookups the table's own
     error, computed from kml_lut.h over every index;
+  * tree ensembles: half a step of the sums per leaf and base value added
+    (their tests are exact on the encoded inputs); their requantization
+    like a dense layer's;
   * softmax: 1/2 times the input's bound (softmax's gradient rows have
     1-norm 2 p (1 - p) <= 1/2), plus the exp table's error eta relayed
     through the division: eta (n + 1) / (1 - n eta), plus the division's
@@ -108,6 +111,13 @@ def error_bound(g: Graph, info) -> Graph:
             E[y] = np.full(n, max(float(np.max(E[v])) if v in E else
                                   (0.5 * scale_of(y) if v.is_const else 0.0) for v in vals))
             continue
+        if op.kind == "trees":
+            # each leaf and base value rounded to the sums' step (the tests
+            # are exact on the encoded inputs, so rows take float's paths
+            # wherever the encoding holds their features exactly)
+            E[y] = np.full(n, a["leaf_error"])
+            info.layer_bounds.append((y, layer, a["leaf_error"], a["leaf_error"]))
+            continue
         xl, xh = iv[x]
         sx, zx = (scale_of(x), zp_of(x))
         if op.kind == "qdense":
@@ -136,7 +146,11 @@ def error_bound(g: Graph, info) -> Graph:
         elif op.kind == "qact":
             ex = E[x]
             dev = max(abs(xl - zx), abs(xh - zx))
-            if a["mode"] == "clamp":
+            if a["mode"] == "requant":
+                req = scale_of(y) * float(_requant_error(dev, a["mult"], a["shift"],
+                                                         a["scale"]).max())
+                E[y] = ex + req
+            elif a["mode"] == "clamp":
                 req = 0.5 * sx           # Clip's bounds are rounded to its input's steps
                 E[y] = ex + req
             elif a["mode"] in ("neg", "abs"):

@@ -36,7 +36,7 @@ C_RESERVED = {
     # names the templates use for parameters and locals
     "in", "out", "workspace", "ws", "ret", "a", "b", "c", "x", "y", "i", "j", "k", "o", "q",
     "acc", "m", "s", "best", "v", "e", "n", "t", "xk", "ak", "w", "w_tail", "r", "xx", "x0",
-    "x1", "sat",
+    "x1", "sat", "d", *(f"i{g}" for g in range(8)),
     *(f"{p}{i}" for p in "apsv" for i in range(16)),
 }
 
@@ -397,6 +397,30 @@ class _Lowering:
         self.kernel("qdense", op, ops, n=n, k=k, tiles=tiling, counts=a["mode"] == "clamp",
                     **params)
 
+    def trees(self, op, y):
+        """A tree ensemble: its tables as weight-set members, by role."""
+        a = op.attrs
+        roles = ["x", "threshold", "leaf", "feature", "next", "root"] + \
+            (["leaf_target"] if a["sparse"] else []) + (["flags"] if a["flags"] else []) + \
+            (["base"] if a["base"] else [])
+        # 2-D tables keep their shape: [node][0] true branch, [leaf][target]
+        ops = {r: self.const(v, r, v.type.shape) if r in ("next", "leaf") else
+               self.operand(v, r) for r, v in zip(roles, op.inputs)}
+        leaf = op.inputs[2]
+        n = a["branches"]
+        ops["next"].layout = (f"{op.inputs[1].type.numel} nodes x 2: [i][0] follows a test "
+                              f"that holds, [i][1] one that fails; nodes {n} and up are the "
+                              f"leaves (leaf i - {n}), which lead back to themselves")
+        if not a["sparse"]:
+            ops["leaf"].layout = f"{leaf.type.shape[0]} leaves x {a['targets']} targets: a " \
+                "leaf's vote for each"
+        rows, features = op.inputs[0].type.shape
+        self.kernel("trees", op, {**ops, "y": y}, rows=rows, features=features,
+                    nodes=n, leaves=leaf.type.shape[0],
+                    trees=op.inputs[5].type.numel, targets=a["targets"], depth=a["depth"],
+                    mode=a["mode"], aggregate=a["aggregate"], sparse=a["sparse"],
+                    flags=a["flags"], base=a["base"])
+
     def ewise(self, op, y):
         """An elementwise op: one loop nest over the result, each operand
         read through its broadcast strides, one C expression per element."""
@@ -472,9 +496,11 @@ class _Lowering:
                     counts=bool(a.get("saturate")))
             elif op.kind == "qdense":
                 self.qdense(op, y)
+            elif op.kind == "trees":
+                self.trees(op, y)
             elif op.kind == "qact":
                 self.kernel("qact", op, {"x": self.operand(x, "x"), "y": y}, n=x.type.numel,
-                            counts=op.attrs["mode"] in ("leaky", "neg", "abs"),
+                            counts=op.attrs["mode"] in ("leaky", "neg", "abs", "requant"),
                             **{k: v for k, v in op.attrs.items() if k != "scale"})
             else:
                 raise KmlcError(f"node '{', '.join(op.origin)}' ({op.kind}) computes on runtime "

@@ -18,6 +18,14 @@ Guarantees about the graph it returns (docs/numerics.md, "Fixed point"):
     per-feature input steps and centres are folded into the first layer's
     weights and bias; biases are integers at the accumulator's scale with
     the input zero point's term folded in;
+  * a tree ensemble tests its graph input's integers: each threshold t on
+    feature i becomes the integer the test against in[i] = x_i * 2^F_i
+    decides exactly as the test against t decides for x_i (floor or ceil
+    of t * 2^F_i), and its leaf values and base values become integers at
+    one step 2^-S, S the largest with every sum proven within 2^TREE_BITS;
+    its sums are exact int64 (int16 activations, or int32 outputs, at a
+    calibrated scale where another op or the caller reads them, class
+    decisions on the sums themselves);
   * every requantization is recorded as a real scale (``scale`` attributes);
     passes/bound_ranges.py turns scales into integer multipliers once it has
     proven the accumulator ranges.
@@ -49,8 +57,11 @@ HEADROOM = 10.0
 # A bias whose weights are all zero takes 2^ZERO_COLUMN_BITS steps.
 BIAS_BITS = 40
 ZERO_COLUMN_BITS = 30
-SUPPORTED_FIXED = ("dense (MatMul/Gemm + bias)", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh",
-                   "Floor/Ceil/Round", "Abs/Neg",
+# A tree ensemble's exact sums stay within 2^TREE_BITS: 2^-40 of their
+# largest value per step, and 22 multiplier bits left to requantize them.
+TREE_BITS = 40
+SUPPORTED_FIXED = ("dense (MatMul/Gemm + bias)", "tree ensembles on graph inputs", "Relu",
+                   "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Floor/Ceil/Round", "Abs/Neg",
                    "Softmax", "ArgMax", "Reshape/Flatten/Identity", "comparisons with a constant",
                    "Not/And/Or", "Where", "Max/Min of values on one scale", "Cast of integers "
                    "and bools, and of an integer input to float")
@@ -302,12 +313,41 @@ class _Quantizer:
         return out
 
     def per_tensor(self, op: Op, v: Value) -> tuple[Value, QParams]:
-        xq, q = self.env[v]
+        xq, q = self.narrow(v)
         if isinstance(q, FirstLayer):
             _fail(op, f"{op.kind} on a graph input (inputs must feed a dense layer)")
         if q is EXACT:
             _fail(op, f"{op.kind} on integers (Cast them to float first)")
         return xq, q
+
+    def narrow(self, v: Value, to=I16):
+        """``v`` as fixed point holds it, a tree ensemble's int64 sums
+        requantized to an int16 activation (or, ``to`` I32, an int32
+        output) at a scale from their calibrated range, once."""
+        xq, q = self.env[v]
+        if xq not in self.wide:
+            return xq, q
+        key = (v, to)
+        if key not in self.narrowed:
+            p = self.producer_of(xq)
+            if to == I16:
+                nq = activation_params(*self.range(v), self.opts.headroom)
+                lo, hi = -32768, 32767
+            else:                      # an output: int32 steps over the same span
+                mag = max(map(abs, self.range(v))) * self.opts.headroom or 1.0
+                nq = QParams(mag / 2**30, 0, -2**31, 2**31 - 1)
+                lo, hi = nq.lo, nq.hi
+            out = Value(self.fresh(f"{xq.name}_{to.name}"), TensorType(to, xq.type.shape))
+            self.ops.append(Op("qact", [xq], [out], {"mode": "requant", "to": to.name,
+                                                    "zp": nq.zp, "lo": lo, "hi": hi,
+                                                    "scale": q.scale / nq.scale}, p.origin))
+            self.info.float_of[out] = v
+            self.info.params[out] = nq
+            self.narrowed[key] = (out, nq)
+        return self.narrowed[key]
+
+    def producer_of(self, v: Value) -> Op:
+        return next(op for op in reversed(self.ops) if v in op.outputs)
 
     # -- ranges: calibrated, or pinned to a compiled model's ------------------------
 
@@ -465,6 +505,107 @@ class _Quantizer:
         else:
             _fail(op, f"a Cast of a fixed-point value to {to} (its real value is approximate)")
 
+    def raw_input(self, op: Op, x: Value) -> tuple[Value, list[int]]:
+        """The integers a tree ensemble tests for its float operand ``x``:
+        the graph input (in[i] = x_i * 2^F_i, or an integer feature and
+        F_i = 0), reshaped to ``x``'s shape, and the F_i."""
+        xq, q = self.env[x]
+        if x in self.int_source:
+            raw, frac = self.int_source[x], [0] * x.type.numel
+        elif isinstance(q, FirstLayer):
+            p = self.producer_of(xq)
+            while p.kind == "reshape":
+                p = self.producer_of(p.inputs[0])
+            raw = p.inputs[0]
+            if p.kind != "qinput" or raw not in self.graph_inputs:
+                _fail(op, "a tree ensemble over computed values (its tests are exact on graph "
+                      "inputs)")
+            frac = self.info.inputs[raw.name]["frac_bits"]
+        else:
+            _fail(op, "a tree ensemble over computed values (its tests are exact on graph "
+                  "inputs; compile with --numerics float)")
+        if raw.type.shape != x.type.shape:
+            out = Value(self.fresh(f"{raw.name}_rows"), TensorType(raw.type.dtype, x.type.shape))
+            self.ops.append(Op("reshape", [raw], [out], {"shape": list(x.type.shape)},
+                               op.origin))
+            raw = out
+        return raw, list(frac)
+
+    def trees(self, op: Op) -> None:
+        """Integer tests and leaves (see the module's docstring)."""
+        from ..ops import TREE_MODES
+
+        a = op.attrs
+        raw, frac = self.raw_input(op, op.inputs[0])
+        thr, leaf, feature, nxt, root = (v.data for v in op.inputs[1:6])
+        rest = [v.data for v in op.inputs[6:]]
+        target = rest.pop(0) if a["sparse"] else None
+        flags = rest.pop(0) if a["flags"] else None
+        base = rest.pop(0).astype(np.float64) if a["base"] else None
+        n, trees = a["branches"], root.shape[0]
+        if base is not None and a["aggregate"] == "average":
+            base = base * trees         # added to the sum, which the scale divides by T
+        codes = flags & 7 if a["mode"] == "mixed" else \
+            np.full(thr.shape, TREE_MODES.index(a["mode"]), np.uint8)
+        # x <= t is in <= floor(t 2^F), x < t is in < ceil(t 2^F), and so on;
+        # x == t (!=) can hold only for t 2^F an integer (t * 2^F is exact)
+        t = np.ldexp(thr.astype(np.float64), np.asarray(frac)[feature.astype(np.int64)])
+        fl, ce = np.floor(t), np.ceil(t)
+        never = 2.0 ** 62 + 1                     # beyond every proven int32 or clamped input
+        tq = np.select([codes == 0, codes == 1, codes == 2, codes == 3],
+                       [fl, ce, ce, fl], np.where(fl == ce, fl, never))
+        tq = np.clip(tq, -2.0 ** 62, 2.0 ** 62 + 1).astype(np.int64)
+        fits = np.all(np.abs(tq) < 2**31)
+        ins = [raw, const(self.fresh(f"{op.inputs[1].name}_q"),
+                          tq.astype(np.int32 if fits else np.int64))]
+        # leaves at step 2^-S: every sum within 2^TREE_BITS, proven per target
+        bound = self.tree_bound(leaf, target, nxt, root, n, base, a["targets"])
+        shift = TREE_BITS - int(np.ceil(np.log2(bound))) if bound > 0 else 0
+        while self.tree_bound(np.round(np.ldexp(leaf.astype(np.float64), shift)), target, nxt,
+                              root, n, None if base is None else
+                              np.round(np.ldexp(base, shift)), a["targets"]) >= 2**TREE_BITS:
+            shift -= 1
+        lq = np.round(np.ldexp(leaf.astype(np.float64), shift)).astype(np.int64)
+        ins += [const(self.fresh(f"{op.inputs[2].name}_q"), lq)] + list(op.inputs[3:6])
+        if a["sparse"]:
+            ins.append(op.inputs[6])
+        mixed = a["mode"] == "mixed"
+        if mixed:                         # integers are never missing: the tests alone
+            ins.append(const(self.fresh(f"{op.inputs[1].name}_modes"), codes.astype(np.uint8)))
+        if base is not None:
+            ins.append(const(self.fresh(f"{op.inputs[-1].name}_q"),
+                             np.round(np.ldexp(base, shift)).astype(np.int64)))
+        scale = 2.0 ** -shift / (trees if a["aggregate"] == "average" else 1)
+        hi = self.tree_bound(lq, target, nxt, root, n, None if base is None else
+                             np.round(np.ldexp(base, shift)), a["targets"])
+        q = QParams(scale, 0, -hi, hi)
+        attrs = dict(a, aggregate="sum", flags=mixed, leaf_error=scale * 0.5 * (
+            trees + (base is not None)))
+        self.wide.add(self.emit("trees", ins, attrs, op.origin, op.output, q, dtype=I64))
+
+    @staticmethod
+    def tree_bound(leaf, target, nxt, root, n: int, base, k: int) -> float:
+        """max over targets of |base| + the sum over trees of the largest
+        |vote| among the tree's leaves (exact for integers)."""
+        total = np.zeros(k, dtype=object) + (np.abs(base).astype(object) if base is not None
+                                             else 0)
+        for r in root.astype(np.int64):
+            stack, leaves = [int(r)], []
+            while stack:
+                i = stack.pop()
+                if i >= n:
+                    leaves.append(i - n)
+                else:
+                    stack += [int(nxt[i, 0]), int(nxt[i, 1])]
+            v = np.abs(leaf[leaves]).astype(object)
+            if target is None:
+                total = total + v.max(axis=0)
+            else:
+                for j in range(k):
+                    m = [x for x, tg in zip(v, target[leaves]) if tg == j]
+                    total[j] = total[j] + (max(m) if m else 0)
+        return max(total.tolist())
+
     # -- inputs ---------------------------------------------------------------------
 
     def input(self, v: Value) -> None:
@@ -509,7 +650,7 @@ class _Quantizer:
         x, w = op.inputs[0], op.inputs[1]
         if x.type.numel != w.type.shape[0]:
             _fail(op, "a dense layer over several rows")
-        xq, qx = self.env[x]
+        xq, qx = self.narrow(x)
         wf = w.data.astype(np.float64)
         bias = (op.inputs[2].data.astype(np.float64).reshape(-1) if len(op.inputs) == 3
                 else np.zeros(wf.shape[1]))
@@ -626,6 +767,8 @@ class _Quantizer:
         self.info.input_margin = self.opts.input_margin
         self.info.formats.update(headroom=self.opts.headroom, input_margin=self.opts.input_margin)
         self.int_source: dict[Value, Value] = {}
+        self.narrowed: dict = {}
+        self.wide: set[Value] = set()   # tree ensembles' int64 sums (and their reshapes)
         inputs = [self.input(v) for v in g.inputs]
         self.graph_inputs = set(inputs)
         for op in g.ops:
@@ -638,8 +781,12 @@ class _Quantizer:
                 self.emit("qsoftmax", [xq], {"axis": op.attrs["axis"],
                                              "scale": qx.scale * 2.0 ** 11},
                           op.origin, op.output, QParams(2.0 ** -15, 0, 0, 32767))
-            elif op.kind == "argmax":
-                xq, _ = self.per_tensor(op, op.inputs[0])
+            elif op.kind == "trees":
+                self.trees(op)
+            elif op.kind == "argmax":      # a tree ensemble's sums: on the exact int64
+                xq, q = self.env[op.inputs[0]]
+                if xq not in self.wide:
+                    xq, _ = self.per_tensor(op, op.inputs[0])
                 self.emit("argmax", [xq], dict(op.attrs), op.origin, op.output,
                           QParams(1.0, 0), dtype=I64)
             elif op.kind == "compare":
@@ -660,8 +807,10 @@ class _Quantizer:
                           EXACT, dtype=BOOL)
             elif op.kind == "reshape":
                 xq, q = self.env[op.inputs[0]]
-                self.emit("reshape", [xq], dict(op.attrs), op.origin, op.output, q,
-                          dtype=xq.type.dtype)
+                out = self.emit("reshape", [xq], dict(op.attrs), op.origin, op.output, q,
+                                dtype=xq.type.dtype)
+                if xq in self.wide:
+                    self.wide.add(out)
             else:
                 _fail(op, f"op '{op.kind}' is not supported")
         outputs = []
@@ -669,7 +818,7 @@ class _Quantizer:
             if v.is_const or v not in self.env:
                 raise KmlcError(f"output '{g.source_name(v)}' is a constant or a graph input; "
                                 "nothing to compile with --numerics fixed")
-            ov, q = self.env[v]
+            ov, q = self.narrow(v, I32)
             if isinstance(q, FirstLayer):
                 raise KmlcError(f"output '{g.source_name(v)}' is a graph input")
             outputs.append(ov)

@@ -7,7 +7,7 @@ import numpy as np
 from . import sim, traces
 
 POLICIES = ("baseline", "random", "hedging", "c3", "linnos_block", "linnos", "heimdall",
-            "heimdall_gc", "oracle")
+            "lgbm", "heimdall_gc", "oracle")
 PCTS = (50, 90, 99, 99.9)
 HEDGE_PCT = 98
 
@@ -43,24 +43,25 @@ def hooked(outdir) -> dict:
 
 def _policies(models: dict):
     """The compiled models, loaded once per process: the learned policy and
-    its diagnostic twin are the admission hook's own features, history and
-    decisions (``hooked``); the LinnOS-like models run on their float
-    twins."""
+    its diagnostic twin, and the LightGBM policy, are the admission hook's
+    own features, history and decisions (``hooked``); the LinnOS-like
+    models run on their float twins."""
     key = tuple(sorted((k, str(v)) for k, v in models.items()))
     if key not in _models:
         import kmlc
 
         _models[key] = (hooked(models["heimdall"]), hooked(models["heimdall_gc"]),
                         linnos_slow(kmlc.load(models["linnos"])),
-                        linnos_slow(kmlc.load(models["linnos_block"])))
+                        linnos_slow(kmlc.load(models["linnos_block"])),
+                        hooked(models["lgbm"]))
     return _models[key]
 
 
 def run_seed(seed: int, cfg: traces.Config, models: dict, probe_every: int = 64) -> dict:
     """{policy: (summary, latencies in us as float32)} for one trace.
     ``models``: the kmlc output directories of "heimdall", "heimdall_gc",
-    "linnos" and "linnos_block"."""
-    learned, diagnostic, linnos_slow, block_slow = _policies(models)
+    "linnos", "linnos_block" and "lgbm"."""
+    learned, diagnostic, linnos_slow, block_slow, lgbm = _policies(models)
     tr = traces.generate(seed, cfg)
     base = sim.simulate(tr, sim.Policy())
     nreads = len(base.latency_ns)
@@ -74,6 +75,7 @@ def run_seed(seed: int, cfg: traces.Config, models: dict, probe_every: int = 64)
             "linnos": sim.simulate(tr, sim.linnos(tr.size, linnos_slow, probe_every)),
             "heimdall": sim.simulate(tr, sim.heimdall(tr.size, probe_every=probe_every,
                                                        **learned)),
+            "lgbm": sim.simulate(tr, sim.heimdall(tr.size, probe_every=probe_every, **lgbm)),
             "heimdall_gc": sim.simulate(tr, sim.heimdall(tr.size, probe_every=probe_every,
                                                           **diagnostic)),
             "oracle": sim.simulate(tr, sim.Oracle(tr))}
@@ -109,7 +111,7 @@ def probe_ablation(seeds, cfg: traces.Config, models: dict, values=(64, 16, 8, 4
     """The hook's probe_every, on the training traces: for the learned and
     the LinnOS-like model behind the hook, the mean over seeds of the
     average read latency relative to the baseline's, and the reroute rate."""
-    learned, _, linnos_slow, _ = _policies(models)
+    learned, _, linnos_slow, _, _ = _policies(models)
     rows = {v: [] for v in values}
     for seed in seeds:
         tr = traces.generate(seed, cfg)

@@ -9,11 +9,12 @@ LABEL = {"baseline": "baseline (always primary)", "random": "random",
          "hedging": "hedging at p98", "c3": "C3", "linnos_block": "LinnOS-like, block-layer view",
          "linnos": "LinnOS-like, behind the kmlc hook",
          "heimdall": "**learned** (kmlc hook, fixed point)",
+         "lgbm": "LightGBM, 200 trees (kmlc hook, fixed point)",
          "heimdall_gc": "diagnostic: the same, trained on the simulator's GC state",
          "oracle": "oracle: declines during the primary's GC (not a policy)"}
 COLOR = {"baseline": "#555555", "random": "#9467bd", "hedging": "#ff7f0e", "c3": "#2ca02c",
          "linnos_block": "#17becf", "linnos": "#1f77b4", "heimdall": "#d62728",
-         "heimdall_gc": "#e377c2", "oracle": "#bbbbbb"}
+         "lgbm": "#8c564b", "heimdall_gc": "#e377c2", "oracle": "#bbbbbb"}
 
 
 def table(res: dict) -> str:
@@ -88,7 +89,7 @@ def markdown(res: dict, run: dict) -> str:
     def pct(a, b):
         return f"{100 * a / b:.1f}%"
 
-    hv = acc["hook_vs_float"]
+    hv, lv = acc["hook_vs_float"], acc["lgbm_hook_vs_lightgbm"]
     lab = res["settings"]["labels"]
     over = ("every I/O on the primary, writes included" if lab["label_on"] == "all"
             else "the reads alone")
@@ -152,6 +153,9 @@ def markdown(res: dict, run: dict) -> str:
         f"* The compiled hook's decisions on the held-out reads (features by kmlc.features "
         f"with the hook's fraction bits, decision by `twin.decide`): {m(acc['hook'])}; equal to "
         f"the float PyTorch model's on {hv['agree']}/{hv['rows']} reads ({hv['percent']}%).",
+        f"* LightGBM (200 trees of depth 4, the same rows and labels), held out: "
+        f"{m(acc['lgbm'])}; its compiled hook's decisions (fixed point, the same features) "
+        f"equal LightGBM's own on {lv['agree']}/{lv['rows']} reads ({lv['percent']}%).",
         *[f"* {LABEL[n]}, held out, against its own latency-cutoff labels: {m(acc[n])}; "
           f"against the period labels: {m(acc[n + '_vs_period_labels'])}."
           for n in ("linnos", "linnos_block")],

@@ -96,7 +96,8 @@ def settings(quick: bool, seeds: int | None) -> dict:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    if (msg := missing_packages()):
+    if (msg := missing_packages([("lightgbm", "pip install -e '.[trees]'"),
+                                 ("onnxmltools", "pip install -e '.[trees]'")])):
         raise Fail(msg)
     # one pool for the label search and the evaluation, before torch starts threads
     ex = ProcessPoolExecutor(a.jobs, mp_context=get_context("spawn")) if a.jobs > 1 else None
@@ -148,6 +149,7 @@ def pipeline(a, argv, pmap) -> int:
     truth = train.Data(heim.x, heim.gc.astype(np.int64), np.ones(len(heim.gc), bool), heim.train)
     gmodel = train.train_heimdall(truth, epochs=S["epochs"])
     lmodels = {"linnos": train.train_linnos(lin), "linnos_block": train.train_linnos(blk)}
+    lgbm = train.train_lgbm(heim)
     test = ~heim.train
     p = train.predict(hmodel, heim.x[test])[:, 0]
     acc = {"heimdall_all": train.metrics(heim.y[test], p, p >= 0.5),
@@ -156,6 +158,8 @@ def pipeline(a, argv, pmap) -> int:
     pg = train.predict(gmodel, heim.x[test])[:, 0]
     acc["heimdall_gc_vs_gc"] = train.metrics(heim.gc[test], pg, pg >= 0.5)
     acc["heimdall_vs_gc"] = train.metrics(heim.gc[test], p, p >= 0.5)
+    pl = lgbm.predict_proba(heim.x[test].astype(np.float32))[:, 1]
+    acc["lgbm"] = train.metrics(heim.y[test], pl, lgbm.predict(heim.x[test].astype(np.float32)))
     for name, d in (("linnos", lin), ("linnos_block", blk)):
         o = train.predict(lmodels[name], d.x[~d.train])
         acc[name] = train.metrics(d.y[~d.train], o[:, 1] - o[:, 0], o[:, 1] > o[:, 0])
@@ -163,11 +167,13 @@ def pipeline(a, argv, pmap) -> int:
         acc[name + "_vs_period_labels"] = train.metrics(heim.y[test], o[:, 1] - o[:, 0],
                                                         o[:, 1] > o[:, 0])
     onnx = {"heimdall": out / "heimdall.onnx", "linnos": out / "linnos.onnx",
-            "linnos_block": out / "linnos_block.onnx", "heimdall_gc": build / "heimdall_gc.onnx"}
+            "linnos_block": out / "linnos_block.onnx", "heimdall_gc": build / "heimdall_gc.onnx",
+            "lgbm": out / "lgbm.onnx"}
     train.export(hmodel, 11, onnx["heimdall"])
     train.export(gmodel, 11, onnx["heimdall_gc"])
     for name, m in lmodels.items():
         train.export(m, 31, onnx[name])
+    train.export_lgbm(lgbm, onnx["lgbm"])
     stage("models trained and exported", t0)
 
     # 4. kmlc
@@ -187,6 +193,8 @@ def pipeline(a, argv, pmap) -> int:
     # the module carries the history the model was trained with
     compiled = kmlc(*search.compile_cmd(onnx["heimdall"], hdir, cal, history_writes))
     kmlc(*search.compile_cmd(onnx["heimdall_gc"], dirs["heimdall_gc"], cal, history_writes,
+                             "--target", "kernel", "--target", "user"))
+    kmlc(*search.compile_cmd(onnx["lgbm"], dirs["lgbm"], cal, history_writes,
                              "--target", "kernel", "--target", "user"))
     for name in lmodels:
         kmlc("compile", onnx[name], "-o", dirs[name], "--target", "user")
@@ -209,6 +217,13 @@ def pipeline(a, argv, pmap) -> int:
     acc["hook_vs_float"] = {"agree": agree, "rows": int(len(p)),
                             "percent": round(100.0 * agree / len(p), 3)}
     acc["hook"] = train.metrics(heim.y[test], p, hook_dec)
+    # the LightGBM policy's hook, the same way, against LightGBM's predict
+    ltwin = kmlc_api.load(dirs["lgbm"])
+    lraw = np.concatenate([features.admission(ev, frac=ltwin.hook_frac).raw[~half]
+                           for ev, half in zip(heim.events, heim.halves)])
+    lagree = int((ltwin.decide(lraw) == lgbm.predict(xt.astype(np.float32)).astype(bool)).sum())
+    acc["lgbm_hook_vs_lightgbm"] = {"agree": lagree, "rows": int(len(xt)),
+                                    "percent": round(100.0 * lagree / len(xt), 3)}
     stage("kmlc compile, verify, build", t0)
 
     # 5. evaluation

@@ -210,6 +210,34 @@ def train_heimdall(d: Data, *, epochs: int, seed: int = 1):
     return model.eval()
 
 
+def train_lgbm(d: Data, *, seed: int = 1):
+    """A LightGBM policy on the same rows and labels as Heimdall's network:
+    200 trees of depth 4 (16 leaves), the noise-filtered training rows."""
+    import lightgbm as lgb
+
+    sel = d.train & d.keep
+    clf = lgb.LGBMClassifier(n_estimators=200, max_depth=4, num_leaves=16, learning_rate=0.05,
+                             random_state=seed, n_jobs=1, verbose=-1)
+    return clf.fit(d.x[sel].astype(np.float32), d.y[sel])
+
+
+def export_lgbm(clf, path) -> None:
+    """The LightGBM policy as ONNX (onnxmltools, as kmlc's frontend converts
+    it), its decision a bool output: decline when the label is slow."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from kmlc.frontends import sklearn as sk
+
+    m, _ = sk.convert(clf, np.zeros((1, 11), np.float32))
+    g = m.graph
+    g.node.append(helper.make_node("Cast", [g.output[0].name], ["decline"], name="decide",
+                                   to=TensorProto.BOOL))
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("decline", TensorProto.BOOL, [None]))
+    onnx.save(m, path)
+
+
 def train_linnos(d: Data, *, epochs: int = 8, seed: int = 2):
     torch = _torch()
     torch.manual_seed(seed)

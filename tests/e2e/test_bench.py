@@ -114,3 +114,25 @@ def test_feature_steps(run):
     js = json.loads((out / "results.json").read_text())["feature_steps"]
     assert js["readahead"]["instructions_per_event"] > 10
     assert js["guards on"]["instructions_per_event"] > js["guards off"]["instructions_per_event"]
+
+
+def test_tree_benchmark_runs(tmp_path):
+    """benchmarks/trees.py end to end, tiny: each model's table has kmlc's
+    rows (float and fixed, decisions as scikit-learn's on every row), a row
+    per peer (timed, or the reason it did not run: the peers are the bench
+    extra's) and onnxruntime's."""
+    pytest.importorskip("sklearn")
+    out = tmp_path / "trees.md"
+    res = subprocess.run([sys.executable, ROOT / "benchmarks" / "trees.py", "--rounds", "1",
+                          "--samples", "300", "--rows", "512", "--out", out],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    md = out.read_text()
+    for title in ("a single depth-10 tree", "a 100-tree depth-6 RandomForestClassifier"):
+        rows = {cells(ln)[0]: cells(ln) for ln in section(md, title)[2:]}
+        for k in ("kmlc, float", "kmlc, fixed"):
+            assert float(rows[k][1].replace(",", "")) > 0 and rows[k][4] == "100.0%", rows[k]
+        for peer in ("tl2cgen", "m2cgen", "emlearn"):
+            assert peer in rows and (rows[peer][1].startswith("not run") or
+                                     float(rows[peer][1].replace(",", "")) >= 0), rows[peer]
+        assert any(k.startswith("onnxruntime") for k in rows)

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 
 import kernel_c
 from conftest import (EXAMPLES, SEED_MODELS, constant_policy, nfs_policy, readahead_policy,
-                      seed_models)
+                      seed_models, tree_admission_policy, tree_readahead_policy)
 from kmlc.api import compile as kcompile, pack
 from kmlc.hooks import owner
 from kmlc.targets import qemu
@@ -95,6 +95,16 @@ def hooked(tmp_path_factory):
     kcompile(m, root / "nfsfp", name="nfspolicy_fp", hooks=["nfs-rsize"])
     out["nfs-fx"], out["nfs-fp"] = root / "nfsfx", root / "nfsfp"
     src["nfs-fx"], src["nfs-fp"] = (m, cal), (m, None)
+    # tree ensembles (scikit-learn's, through skl2onnx) behind two hooks
+    m, cal = tree_admission_policy()
+    kcompile(m, root / "treeadmit", name="treeadmit", numerics="fixed", calibration=cal,
+             hooks=["admission"])
+    out["admission-tree"] = root / "treeadmit"
+    m, cal = tree_readahead_policy()
+    kcompile(m, root / "ratree", name="ratree", numerics="fixed", calibration=cal,
+             hooks=["readahead"])
+    kcompile(m, root / "ratreefp", name="ratree_fp", hooks=["readahead"])
+    out["readahead-tree-fx"], out["readahead-tree-fp"] = root / "ratree", root / "ratreefp"
     # three retrained versions of each (every weight and bias scaled by 0.95,
     # 0.90, 0.85), packed for the compiled model: what the swap scenario loads
     sets = {}
@@ -161,11 +171,14 @@ def test_hooks_in_real_6_12_kernel(hooked):
     """Debian's 6.12 (IBT: the probes sit after endbr64; CC_FLAGS_FPU;
     NFS reads over local I/O), with constant models and NFS float: every
     read declined, so reads overlapping a write in flight go to the primary
-    and never see an older write than one already read."""
+    and never see an older write than one already read; and tree ensembles
+    behind the admission hook (fixed point, a bool decision) and the
+    readahead hook (fixed point inline, float in its work item)."""
     from kmlc.targets import kernel
 
     k612 = [k for k in kernel.installed_headers() if qemu.release_of(k).startswith("6.12.")]
-    dirs = [hooked[k] for k in ("admission-const", "readahead-const", "nfs-fp")]
+    dirs = [hooked[k] for k in ("admission-const", "readahead-const", "nfs-fp", "admission-tree",
+                                "readahead-tree-fx", "readahead-tree-fp")]
     lines = check_hooks(qemu.run(dirs, kdir=k612[-1]), dirs)
     m = re.search(r"backwards 0; (\d+) reads sent to the primary", lines["kml_decline-overlap"])
     assert m and int(m.group(1)) > 0, lines["kml_decline-overlap"]

@@ -359,6 +359,8 @@ def test_quick_pipeline_is_reproducible(tmp_path):
     assert set(r["policies"]) == set(evaluate.POLICIES)
     assert len(r["seeds"]) == 4
     assert r["accuracy"]["hook_vs_float"]["percent"] >= 99.0
+    # the LightGBM policy's hook decides as LightGBM on every held-out read
+    assert r["accuracy"]["lgbm_hook_vs_lightgbm"]["percent"] == 100.0
     assert "| **learned**" in (out / "results.md").read_text()
     lab = r["settings"]["labels"]
     assert r["settings"]["history"] == "reads" and lab["constants"] == "searched"
@@ -384,7 +386,8 @@ def test_quick_pipeline_is_reproducible(tmp_path):
     assert all(np.array_equal(w1[k], w2[k]) for k in w1)
 
     # same evaluation seed -> the same numbers
-    dirs = {k: out / "build" / k for k in ("heimdall", "heimdall_gc", "linnos", "linnos_block")}
+    dirs = {k: out / "build" / k for k in ("heimdall", "heimdall_gc", "linnos", "linnos_block",
+                                            "lgbm")}
     again = evaluate.run_seed(1, traces.Config(duration_s=1.0), dirs)
     for name in evaluate.POLICIES:
         assert evaluate.rounded(again[name][0], 5) == r["seeds"][1][name], name
