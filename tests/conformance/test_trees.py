@@ -459,13 +459,15 @@ def test_tree_modules_build_and_checkpatch_clean(kernel_builds):
 
 
 @pytest.mark.kunit
-def test_tree_modules_equal_their_twins_under_kunit(kernel_builds):
+@pytest.mark.parametrize("arch", ["um", "x86_64"])
+def test_tree_modules_equal_their_twins_under_kunit(kernel_builds, arch):
     """The module's C and the twin's give the same bits on the golden
-    vectors (UML), in float (node flags, sparse leaves) and fixed point
-    (mixed integer tests, a class decision on int64 sums, AVERAGE)."""
+    vectors, in UML (gcc) and in an x86_64 kernel (clang, the float ones in
+    a real FPU section), in float (node flags, sparse leaves) and fixed
+    point (mixed integer tests, a class decision on int64 sums, AVERAGE)."""
     from kmlc.targets import kunit
 
-    res = kunit.run(list(kernel_builds.values()), arch="um")
+    res = kunit.run(list(kernel_builds.values()), arch=arch)
     assert res["ok"], res["summary"]
     for tag, d in kernel_builds.items():
         assert res["suites"][f"kml_{tag}"]["passed"] == kunit.cases(d) >= 33, res["summary"]
