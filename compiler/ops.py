@@ -426,13 +426,13 @@ OPS["dense"] = OpDef("dense", _dense_infer, _dense_eval)
 # against threshold[i] (``mode``: le lt ge gt eq ne, or "mixed": flags[i]
 # & 7 names the test, in that order) and goes to next[i][0] if the test
 # holds, else next[i][1].  With ``flags``, bit 3 of flags[i] sends a NaN
-# (missing) value to next[i][0] (float only).  Node B + l is leaf l.  The leaves' values are summed per
-# target over the trees in order from 0.0: dense leaves [L, K] add a row to
-# every target, sparse ones (``sparse``) add leaf[l] to target
-# leaf_target[l].  aggregate "average" then divides the sums by T; with
-# ``base``, base[k] is added last.  Float sums are float32, in
-# that order; integer sums (fixed point: x, threshold and leaf integers)
-# are exact (passes/quantize.py proves the leaf sums' bound).
+# (missing) value to next[i][0] (float only).  Node B + l is leaf l.  The
+# leaves' values are summed per target over the trees in order from 0.0:
+# dense leaves [L, K] add a row to every target, sparse ones (``sparse``)
+# add leaf[l] to target leaf_target[l].  aggregate "average" then divides
+# the sums by T; with ``base``, base[k] is added last.  Float sums are
+# float32, in that order; integer sums (fixed point: x, threshold and leaf
+# integers) are exact (passes/bound_ranges.py proves the sums' bound).
 
 TREE_MODES = ("le", "lt", "ge", "gt", "eq", "ne")
 

@@ -173,12 +173,18 @@ def _classifier(conv, node, a, x) -> None:
     idx = _op(conv, node, "argmax", [s], {"axis": 1, "keepdims": 0, "select_last_index": 0})
     _label_of(conv, node, idx, labels)
     if scores_out:
-        if post == "NONE":
-            _op(conv, node, "reshape", [s], {"shape": list(s.type.shape)}, out=scores_out)
-        elif post == "LOGISTIC":
-            _op(conv, node, "sigmoid", [s], out=scores_out)
-        else:
-            _op(conv, node, "softmax", [s], {"axis": -1}, out=scores_out)
+        _scores(conv, node, s, post, scores_out)
+
+
+def _scores(conv, node, s, post: str, out: str) -> None:
+    """A classifier's scores output ``out``: its raw scores ``s`` under
+    post_transform NONE, LOGISTIC or SOFTMAX."""
+    if post == "NONE":
+        _op(conv, node, "reshape", [s], {"shape": list(s.type.shape)}, out=out)
+    elif post == "LOGISTIC":
+        _op(conv, node, "sigmoid", [s], out=out)
+    else:
+        _op(conv, node, "softmax", [s], {"axis": -1}, out=out)
 
 
 def _label_of(conv, node, idx, labels: list[int]) -> None:

@@ -48,14 +48,11 @@ from collections import defaultdict
 
 import numpy as np
 
+from .onnx_ml import _const, _gemm, _label_of, _op, _scores, _text
 
 MODES = {"BRANCH_LEQ": "le", "BRANCH_LT": "lt", "BRANCH_GTE": "ge", "BRANCH_GT": "gt",
          "BRANCH_EQ": "eq", "BRANCH_NEQ": "ne"}
 CODES = ("le", "lt", "ge", "gt", "eq", "ne")      # flags & 7, kmlc.ops.TREE_MODES
-
-
-def _text(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _uint(n: int):
@@ -121,17 +118,16 @@ class Tables:
         for t in self.trees:
             if (t, 0) not in nodes:
                 fail(f"tree {t} has no node 0 (its root)")
-            self.roots.append(self._walk(t, 0, nodes, votes, reached, 0))
-        self.unreached = len(nodes) - len(reached)
+            self.roots.append(self._walk(t, nodes, votes, reached))
         self.n_branch = len(self.branch)
         self.targets = targets
 
-    def _walk(self, t, nid, nodes, votes, reached, depth) -> int:
-        """Number node (t, nid) and its subtree; returns its index (a leaf:
-        n_branch + leaf index, fixed up in ``next_table``), iteratively."""
-        # depth-first, true branch first, with an explicit stack
+    def _walk(self, t, nodes, votes, reached) -> tuple:
+        """Number tree t's nodes, depth first, true branch first, with an
+        explicit stack; returns its root's reference, ("node", branch
+        index) or ("leaf", leaf index) (``index`` makes it a node number)."""
         out: dict = {}
-        stack = [(nid, depth, None, 0)]
+        stack = [(0, 0, None, 0)]
         while stack:
             cur, d, parent, side = stack.pop()
             if (t, cur) not in nodes:
@@ -159,12 +155,10 @@ class Tables:
     def index(self, ref) -> int:
         return ref[1] if ref[0] == "node" else self.n_branch + ref[1]
 
-    def emit(self, x) -> None:
-        """The tables as constants, the op's operands over float input ``x``
-        [R, F]."""
+    def op(self, x, base: list[float] | None, aggregate: str = "sum", **where):
+        """The ``trees`` op over float input ``x`` [R, F], the tables its
+        constant operands: the sums per target, base values added last."""
         conv, node = self.conv, self.node
-        from .onnx_ml import _const
-
         n, n_leaf, k = self.n_branch, len(self.leaves), self.targets
         modes = {b[0] for b in self.branch} or {"le"}
         # leaves are nodes too, whose both branches lead back to themselves:
@@ -197,27 +191,17 @@ class Tables:
         if flags:
             ins.append(_const(conv, node, "flags", np.array(
                 [CODES.index(b[0]) | (8 if b[3] else 0) for b in nodes], np.uint8)))
-        self.attrs = {"targets": k, "depth": max(self.depth, 1), "branches": n,
-                      "mode": modes.pop() if len(modes) == 1 else "mixed",
-                      "aggregate": "sum", "sparse": sparse, "flags": flags, "base": False}
-        self.ins = ins
-
-    def op(self, base: list[float] | None, aggregate: str = "sum", **where):
-        """The ``trees`` op: sums per target, base values added last."""
-        from .onnx_ml import _const, _op
-
-        ins = list(self.ins)
         if base is not None:
-            ins.append(_const(self.conv, self.node, "base", np.array(base, np.float32)))
-        return _op(self.conv, self.node, "trees", ins,
-                   dict(self.attrs, aggregate=aggregate, base=base is not None), **where)
+            ins.append(_const(conv, node, "base", np.array(base, np.float32)))
+        attrs = {"targets": k, "depth": max(self.depth, 1), "branches": n,
+                 "mode": modes.pop() if len(modes) == 1 else "mixed", "aggregate": aggregate,
+                 "sparse": sparse, "flags": flags, "base": base is not None}
+        return _op(conv, node, "trees", ins, attrs, **where)
 
 
 def convert(conv, node, a: dict, x) -> None:
     """Converts TreeEnsembleRegressor and TreeEnsembleClassifier ``node``
     over float input ``x`` [R, F] (onnx_ml.convert has cast and shaped it)."""
-    from .onnx_ml import _op
-
     post = _text(a.get("post_transform", "NONE"))
     agg = _text(a.get("aggregate_function", "SUM"))
     f = x.type.shape[1]
@@ -230,12 +214,11 @@ def convert(conv, node, a: dict, x) -> None:
         k = int(a.get("n_targets", 1))
         tab = Tables(conv, node, a, f, k, "target")
         _check_voted(conv, node, tab, k, "target")
-        tab.emit(x)
         base = [float(v) for v in a.get("base_values", [])]
         if base and len(base) != k:
             conv.fail(f"{len(base)} base_values for {k} targets", node)
         # onnxruntime adds a single target's origin, 0 without base values
-        tab.op(base or ([0.0] if k == 1 else None), agg.lower(), last=True)
+        tab.op(x, base or ([0.0] if k == 1 else None), agg.lower(), last=True)
         return
     if a.get("classlabels_strings"):
         conv.fail("string class labels: kmlc outputs numbers (use classlabels_int64s)", node)
@@ -263,14 +246,11 @@ def convert(conv, node, a: dict, x) -> None:
         conv.fail(f"{len(base)} base_values for {k} classes", node)
     if not base:                       # base values give every class a score
         _check_voted(conv, node, tab, k)
-    tab.emit(x)
-    s = tab.op(base or None)
-    from .onnx_ml import _label_of
-
+    s = tab.op(x, base or None)
     idx = _op(conv, node, "argmax", [s], {"axis": 1, "keepdims": 0, "select_last_index": 0})
     _label_of(conv, node, idx, labels)
     if scores_out:
-        _post(conv, node, s, post, scores_out)
+        _scores(conv, node, s, post, scores_out)
 
 
 def _check_voted(conv, node, tab: Tables, k: int, what: str = "class") -> None:
@@ -303,15 +283,12 @@ def _leaves_of(tab: Tables, ref) -> list[int]:
 
 
 def _binary(conv, node, a, x, labels, base, post, scores_out) -> None:
-    from .onnx_ml import _const, _gemm, _op
-
     if len(base) > 1:
         conv.fail(f"two classes, votes for class 0 only and {len(base)} base values "
                   "(onnxruntime uses one)", node)
     tab = Tables(conv, node, a, x.type.shape[1], 1, "class")
     _check_voted(conv, node, tab, 1)
-    tab.emit(x)
-    s = tab.op(base or None)
+    s = tab.op(x, base or None)
     positive = all(w >= 0 for w in tab.weights)
     cut = _const(conv, node, "cut", np.array([0.5 if positive else 0.0], np.float32))
     flat = _op(conv, node, "reshape", [s], {"shape": [s.type.shape[0]]})
@@ -333,14 +310,3 @@ def _binary(conv, node, a, x, labels, base, post, scores_out) -> None:
         conv.fail(f"two classes, signed votes for class 0 and post_transform {post} "
                   "(onnxruntime's scores then depend on the label; kmlc compiles LOGISTIC)",
                   node)
-
-
-def _post(conv, node, s, post, out) -> None:
-    from .onnx_ml import _op
-
-    if post == "NONE":
-        _op(conv, node, "reshape", [s], {"shape": list(s.type.shape)}, out=out)
-    elif post == "LOGISTIC":
-        _op(conv, node, "sigmoid", [s], out=out)
-    else:
-        _op(conv, node, "softmax", [s], {"axis": -1}, out=out)

@@ -26,6 +26,22 @@ def kmlc_cli(*args, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, cwd=cwd)
 
 
+def check_refused(m, why: str, where: str, tmp_path) -> None:
+    """``m`` is refused by the API (a KmlcError matching ``why``) and by the
+    command line in one line naming ``where`` (a node), exit 1, no
+    traceback, no output directory."""
+    from kmlc.api import compile as kcompile
+    from kmlc.errors import KmlcError
+
+    onnx.save(m, tmp_path / "m.onnx")
+    with pytest.raises(KmlcError, match=why):
+        kcompile(tmp_path / "m.onnx", tmp_path / "o", targets="user")
+    res = kmlc_cli("compile", tmp_path / "m.onnx", "-o", tmp_path / "o2")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.strip().count("\n") == 0 and where in res.stderr, res.stderr
+    assert not (tmp_path / "o2").exists()
+
+
 def make_model(nodes, inputs, outputs, inits=(), opset=17, ir_version=8, name="m"):
     """A ModelProto from onnx.helper pieces; ``inputs``/``outputs`` are
     (name, shape) pairs (float32) or ready ValueInfoProtos; ``inits`` maps

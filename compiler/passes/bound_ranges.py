@@ -35,7 +35,8 @@ import numpy as np
 
 from ..errors import KmlcError
 from ..ir import I32, I64, Graph, Op, Value, const
-from ..qmath import multiplier, round_shift
+from ..qmath import multiplier, requant, round_shift
+from .quantize import TREE_BITS, tree_leaves, tree_sum_bound
 
 S32_MAX = 2**31 - 1
 S64_LIMIT = 2**62  # keep accumulators well clear of the s64 edge
@@ -121,8 +122,6 @@ def bound_ranges(g: Graph) -> Graph:
                 dev = max(abs(xl), abs(xh))
                 (m,), (s,) = _mults(op, a["scale"], dev)
                 a["mult"], a["shift"] = m, s
-                from ..qmath import requant
-
                 ends = requant(np.array([xl, xh]), m, s) + a["zp"]
                 out = (max(int(ends.min()), a["lo"]), min(int(ends.max()), a["hi"]))
             elif a["mode"] == "clamp":
@@ -137,12 +136,10 @@ def bound_ranges(g: Graph) -> Graph:
                     ((0, 32767) if a["fn"] == "sigmoid" else (-32767, 32767))
         elif op.kind == "trees":
             # every sum: |base| + the largest |leaf| of each tree, from the tables
-            from .quantize import TREE_BITS, _Quantizer
-
             rest = op.inputs[6:]
-            hi = _Quantizer.tree_bound(op.inputs[2].data, rest[0].data if a["sparse"] else None,
-                                       op.inputs[4].data, op.inputs[5].data, a["branches"],
-                                       rest[-1].data if a["base"] else None, a["targets"])
+            leaves = tree_leaves(op.inputs[4].data, op.inputs[5].data, a["branches"])
+            hi = tree_sum_bound(op.inputs[2].data, rest[0].data if a["sparse"] else None, leaves,
+                                rest[-1].data if a["base"] else None, a["targets"])
             if hi >= 2**TREE_BITS:
                 _fail(op, f"tree sums reach {hi}, beyond 2^{TREE_BITS}")
             out = (-int(hi), int(hi))

@@ -291,6 +291,38 @@ def activation_params(lo: float, hi: float, headroom: float) -> QParams:
     return QParams(scale, zp, span=span)
 
 
+def tree_leaves(nxt: np.ndarray, root: np.ndarray, branches: int) -> list[list[int]]:
+    """Each tree's leaves (leaf indices) from its node table: node
+    ``branches`` + l is leaf l, every smaller index a branch."""
+    out = []
+    for r in root.astype(np.int64):
+        stack, leaves = [int(r)], []
+        while stack:
+            i = stack.pop()
+            if i >= branches:
+                leaves.append(i - branches)
+            else:
+                stack += [int(nxt[i, 0]), int(nxt[i, 1])]
+        out.append(leaves)
+    return out
+
+
+def tree_sum_bound(leaf, target, leaves: list[list[int]], base, k: int):
+    """max over the k targets of |base| + the sum over trees of the largest
+    |vote| among the tree's ``leaves`` (exact for integers: Python ints)."""
+    total = np.zeros(k, dtype=object) + (np.abs(base).astype(object) if base is not None
+                                         else 0)
+    for ls in leaves:
+        v = np.abs(leaf[ls]).astype(object)
+        if target is None:
+            total = total + v.max(axis=0)
+        else:
+            for j in range(k):
+                m = [x for x, tg in zip(v, target[ls]) if tg == j]
+                total[j] = total[j] + (max(m) if m else 0)
+    return max(total.tolist())
+
+
 class _Quantizer:
     def __init__(self, g: Graph, cal: Calibration, opts: QuantOptions):
         if opts.pinned is not None:     # the compiled model's scaling of its ranges too
@@ -332,14 +364,12 @@ class _Quantizer:
             p = self.producer_of(xq)
             if to == I16:
                 nq = activation_params(*self.range(v), self.opts.headroom)
-                lo, hi = -32768, 32767
             else:                      # an output: int32 steps over the same span
                 mag = max(map(abs, self.range(v))) * self.opts.headroom or 1.0
                 nq = QParams(mag / 2**30, 0, -2**31, 2**31 - 1)
-                lo, hi = nq.lo, nq.hi
             out = Value(self.fresh(f"{xq.name}_{to.name}"), TensorType(to, xq.type.shape))
             self.ops.append(Op("qact", [xq], [out], {"mode": "requant", "to": to.name,
-                                                    "zp": nq.zp, "lo": lo, "hi": hi,
+                                                    "zp": nq.zp, "lo": nq.lo, "hi": nq.hi,
                                                     "scale": q.scale / nq.scale}, p.origin))
             self.info.float_of[out] = v
             self.info.params[out] = nq
@@ -510,18 +540,17 @@ class _Quantizer:
         the graph input (in[i] = x_i * 2^F_i, or an integer feature and
         F_i = 0), reshaped to ``x``'s shape, and the F_i."""
         xq, q = self.env[x]
+        raw = None
         if x in self.int_source:
             raw, frac = self.int_source[x], [0] * x.type.numel
         elif isinstance(q, FirstLayer):
             p = self.producer_of(xq)
             while p.kind == "reshape":
                 p = self.producer_of(p.inputs[0])
-            raw = p.inputs[0]
-            if p.kind != "qinput" or raw not in self.graph_inputs:
-                _fail(op, "a tree ensemble over computed values (its tests are exact on graph "
-                      "inputs)")
-            frac = self.info.inputs[raw.name]["frac_bits"]
-        else:
+            if p.kind == "qinput" and p.inputs[0] in self.graph_inputs:
+                raw = p.inputs[0]
+                frac = self.info.inputs[raw.name]["frac_bits"]
+        if raw is None:
             _fail(op, "a tree ensemble over computed values (its tests are exact on graph "
                   "inputs; compile with --numerics float)")
         if raw.type.shape != x.type.shape:
@@ -559,52 +588,31 @@ class _Quantizer:
         ins = [raw, const(self.fresh(f"{op.inputs[1].name}_q"),
                           tq.astype(np.int32 if fits else np.int64))]
         # leaves at step 2^-S: every sum within 2^TREE_BITS, proven per target
-        bound = self.tree_bound(leaf, target, nxt, root, n, base, a["targets"])
+        # on the integers themselves (rounding may carry a sum past the
+        # real-valued bound's power of two: then one step coarser)
+        leaves = tree_leaves(nxt, root, n)
+        bound = tree_sum_bound(leaf, target, leaves, base, a["targets"])
         shift = TREE_BITS - int(np.ceil(np.log2(bound))) if bound > 0 else 0
-        while self.tree_bound(np.round(np.ldexp(leaf.astype(np.float64), shift)), target, nxt,
-                              root, n, None if base is None else
-                              np.round(np.ldexp(base, shift)), a["targets"]) >= 2**TREE_BITS:
+        while True:
+            lq = np.round(np.ldexp(leaf.astype(np.float64), shift)).astype(np.int64)
+            bq = None if base is None else np.round(np.ldexp(base, shift)).astype(np.int64)
+            hi = tree_sum_bound(lq, target, leaves, bq, a["targets"])
+            if hi < 2**TREE_BITS:
+                break
             shift -= 1
-        lq = np.round(np.ldexp(leaf.astype(np.float64), shift)).astype(np.int64)
         ins += [const(self.fresh(f"{op.inputs[2].name}_q"), lq)] + list(op.inputs[3:6])
         if a["sparse"]:
             ins.append(op.inputs[6])
         mixed = a["mode"] == "mixed"
         if mixed:                         # integers are never missing: the tests alone
             ins.append(const(self.fresh(f"{op.inputs[1].name}_modes"), codes.astype(np.uint8)))
-        if base is not None:
-            ins.append(const(self.fresh(f"{op.inputs[-1].name}_q"),
-                             np.round(np.ldexp(base, shift)).astype(np.int64)))
+        if bq is not None:
+            ins.append(const(self.fresh(f"{op.inputs[-1].name}_q"), bq))
         scale = 2.0 ** -shift / (trees if a["aggregate"] == "average" else 1)
-        hi = self.tree_bound(lq, target, nxt, root, n, None if base is None else
-                             np.round(np.ldexp(base, shift)), a["targets"])
         q = QParams(scale, 0, -hi, hi)
         attrs = dict(a, aggregate="sum", flags=mixed, leaf_error=scale * 0.5 * (
             trees + (base is not None)))
         self.wide.add(self.emit("trees", ins, attrs, op.origin, op.output, q, dtype=I64))
-
-    @staticmethod
-    def tree_bound(leaf, target, nxt, root, n: int, base, k: int) -> float:
-        """max over targets of |base| + the sum over trees of the largest
-        |vote| among the tree's leaves (exact for integers)."""
-        total = np.zeros(k, dtype=object) + (np.abs(base).astype(object) if base is not None
-                                             else 0)
-        for r in root.astype(np.int64):
-            stack, leaves = [int(r)], []
-            while stack:
-                i = stack.pop()
-                if i >= n:
-                    leaves.append(i - n)
-                else:
-                    stack += [int(nxt[i, 0]), int(nxt[i, 1])]
-            v = np.abs(leaf[leaves]).astype(object)
-            if target is None:
-                total = total + v.max(axis=0)
-            else:
-                for j in range(k):
-                    m = [x for x, tg in zip(v, target[leaves]) if tg == j]
-                    total[j] = total[j] + (max(m) if m else 0)
-        return max(total.tolist())
 
     # -- inputs ---------------------------------------------------------------------
 
