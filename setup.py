@@ -25,7 +25,8 @@ setup(
     install_requires=["numpy>=1.24", "onnx>=1.15", "onnxruntime>=1.17", "jinja2>=3.1",
                       "click>=8.1"],
     extras_require={
-        "test": ["pytest>=7", "matplotlib>=3.5"],   # matplotlib: the examples' plots
+        "test": ["pytest>=7", "pytest-xdist>=3.5",
+                 "matplotlib>=3.5"],   # matplotlib: the examples' plots
         "torch": ["torch>=2.4", "onnxscript"],
         "tvm": ["apache-tvm>=0.27,<0.28"],
         "sklearn": ["scikit-learn>=1.3", "skl2onnx>=1.16"],

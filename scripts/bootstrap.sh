@@ -126,6 +126,11 @@ kmlc demo done.  In $OUT/:
   report.txt  the lowered schedule and memory plan
 EOF
 else
-	say "running the test suite"
-	.venv/bin/python -m pytest -q -ra tests
+	# one pytest worker per core, at most 4: the longest tests boot qemu
+	# (TCG, one host thread each) or run a compiler, and spread over the
+	# cores they finish in about half the time on two (README, Tests)
+	jobs=${KMLC_TEST_JOBS:-$(nproc)}
+	[ "$jobs" -gt 4 ] && jobs=4
+	say "running the test suite ($jobs workers)"
+	.venv/bin/python -m pytest -q -ra -n "$jobs" --dist worksteal tests
 fi

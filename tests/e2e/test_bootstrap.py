@@ -47,14 +47,15 @@ def bootstrap(tree, **env):
 
 
 def test_setup_prints_a_line_per_step_and_logs_the_rest(tree):
-    r = bootstrap(tree)
+    r = bootstrap(tree, KMLC_TEST_JOBS="2")
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("==> Debian packages: all ") and lines[0].endswith(" installed")
     assert lines[1].startswith("==> installing kmlc into .venv "
                                "(pip install -e .[test,torch,tvm,sklearn,trees]) ... done, ")
     assert lines[1].endswith("s")
-    assert lines[2:] == ["==> running the test suite", "the test suite would run here"]
+    assert lines[2:] == ["==> running the test suite (2 workers)",
+                         "the test suite would run here"]
     assert r.stderr == ""
     log = (tree / "build" / "setup.log").read_text()
     assert "Requirement already satisfied: pip" in log and "Successfully installed kmlc" in log
