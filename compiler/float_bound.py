@@ -17,8 +17,16 @@ docs/numerics.md §2 fixes.  With u = 2^-24 and gamma(n) = n u / (1 - n u):
     approximations' measured bounds, §3);
   * softmax: relative errors through exp (1 ulp), the in-order sum and the
     division;
-  * reshape: unchanged; argmax: its input's bound (an index agrees where
-    the exact top-2 gap exceeds twice it).
+  * reshape and the copies (transpose, slice, concat, expand, gather by
+    constant indices): each value keeps its bound; argmax: its input's
+    bound (an index agrees where the exact top-2 gap exceeds twice it);
+  * reductions: a sum of n values in order, the sum of the bounds plus
+    gamma(n) times the sum of magnitudes; a product, prod(|x| + E) -
+    |prod(x)| plus gamma(n) prod(|x| + E); max and min, the largest bound;
+    a gather by runtime indices, the table's where the indices are exact;
+  * exp: |y| (e^E - 1) + 1 ulp; log: log(1 + E / (|x| - E)) + 1 ulp; sqrt:
+    E / (sqrt(|x| - E) + sqrt(x)) + u |y|; reciprocal: E / (|x| (|x| - E))
+    + u |y| (no bound where E reaches |x|); erf: 1.1284 E + 1 ulp + 6e-8.
 Any other op, or a bound or value that is not finite, gives an infinite
 bound: ``kmlc verify`` then falls back to its absolute and relative
 tolerance for those elements.
@@ -28,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from .ir import Graph
-from .ops import CMP, ELEMENTWISE
+from .ops import CMP, ELEMENTWISE, MATH, MOVES, evaluate
 
 U = 2.0 ** -24
 ETA = 2.0 ** -149                 # absolute rounding error below the normal range
@@ -155,6 +163,61 @@ def float_bound(g: Graph, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray
                 z, ez = _decision(op, [get(v) for v in op.inputs])
                 z = np.asarray(z, np.float64)
                 ez = np.broadcast_to(ez, z.shape)
+            elif op.kind in MOVES or op.kind == "gather":
+                # copies: each value carries its bound along (row by row); a
+                # gather's indices are exact (bound below 1) or it has none
+                def arg(j, v, i, r):
+                    if op.kind == "gather" and j == 1:
+                        return v.data if v.is_const else get(v)[0][r].astype(np.int64)
+                    return get(v)[i] if v.is_const else get(v)[i][r]
+
+                def moved(i):
+                    return np.stack([evaluate(op.kind, [arg(j, v, i, r) for j, v in
+                                                        enumerate(op.inputs)], a)[0]
+                                     for r in range(R)])
+                z, ez = moved(0), moved(1)
+                if op.kind == "gather" and not op.inputs[1].is_const:
+                    idx_err = get(op.inputs[1])[1].reshape(R, -1).max(axis=1)
+                    # integers within less than 1 of the exact ones are them
+                    ez = np.where((idx_err < 1).reshape((R,) + (1,) * (ez.ndim - 1)), ez,
+                                  np.inf)
+            elif op.kind == "reduce":
+                x, ex = get(op.inputs[0])
+                axes = tuple(1 + ax % len(op.inputs[0].type.shape) for ax in a["axes"])
+                n = int(np.prod([x.shape[i] for i in axes]))
+                if a["fn"] == "sum":
+                    z = x.sum(axis=axes)
+                    ez = ex.sum(axis=axes) + gamma(n) * np.abs(x).sum(axis=axes)
+                elif a["fn"] in ("max", "min"):
+                    z = x.max(axis=axes) if a["fn"] == "max" else x.min(axis=axes)
+                    ez = ex.max(axis=axes)
+                else:   # |prod(x + d) - prod(x)| <= prod(|x| + E) - prod(|x|)
+                    z = np.prod(x, axis=axes)
+                    hi = np.prod(np.abs(x) + ex, axis=axes)
+                    ez = hi - np.abs(z) + gamma(n) * hi
+            elif op.kind in MATH:
+                x, ex = get(op.inputs[0])
+                if op.kind == "exp":
+                    z = np.exp(x)
+                    ez = z * np.expm1(ex) + ULP * z
+                elif op.kind == "erf":
+                    from math import erf
+                    z = np.vectorize(erf, otypes=[float])(x) if x.size else x
+                    ez = 1.1284 * ex + ULP * np.abs(z) + 6e-8
+                else:
+                    room = np.abs(x) - ex
+                    if op.kind == "log":
+                        z = np.log(x)
+                        ez = np.where(room > 0, np.log1p(ex / np.maximum(room, 1e-300)), np.inf)
+                        ez = ez + ULP * np.abs(z)
+                    elif op.kind == "sqrt":
+                        z = np.sqrt(x)
+                        ez = np.where(room > 0, ex / (np.sqrt(np.maximum(room, 0)) + z), np.inf)
+                        ez = ez + U * z
+                    else:   # reciprocal
+                        z = 1 / x
+                        ez = np.where(room > 0, ex / (np.abs(x) * np.maximum(room, 1e-300)),
+                                      np.inf) + U * np.abs(z)
             elif op.kind == "argmax":
                 x, ex = get(op.inputs[0])
                 ax = a["axis"] % len(op.inputs[0].type.shape) + 1

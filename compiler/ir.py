@@ -92,7 +92,7 @@ class Value:
 
 
 def const(name: str, data: np.ndarray) -> Value:
-    data = np.ascontiguousarray(data)
+    data = np.ascontiguousarray(data).reshape(np.shape(data))   # a scalar stays rank 0
     return Value(name, TensorType(dtype_of(data), tuple(data.shape)), data)
 
 

@@ -109,36 +109,46 @@ for _k in fmath.ACTIVATIONS:
     OPS[_k] = OpDef(_k, _unary_infer, _activation_eval_for(_k))
 
 
-# ---- compile-time only ---------------------------------------------------------
-# Float math exporters apply to constants.  These kinds have evaluators but
-# no kernels: fold_constants must remove them, and lowering rejects any that
-# compute on runtime data.  Exact IEEE operations (sqrt, reciprocal, neg,
-# abs, max, min, transpose) are computed in f32; exp, log and pow in f64 and
-# rounded once to f32, so a folded constant does not depend on numpy's
-# SIMD code paths.
+# ---- float math ------------------------------------------------------------
+# exp, log, sqrt, reciprocal and erf on runtime f32: kml_math.h's, mirrored
+# by kmlc.fmath (sqrt and reciprocal are IEEE's, correctly rounded; exp, log
+# and erf are approximations with the measured bounds of docs/numerics.md).
+# pow has an evaluator but no kernel: the frontend writes a runtime power
+# by a constant as products, sqrt and reciprocal, and fold_constants
+# computes a pow of constants (in f64, rounded once to f32).
 
-def _f64(fn):
-    return lambda *xs: fn(*(np.asarray(x, np.float64) for x in xs)).astype(np.float32)
-
-
-FOLD_ONLY_UNARY = {"sqrt": np.sqrt, "reciprocal": lambda x: np.float32(1) / x,
-                   "exp": _f64(np.exp), "log": _f64(np.log)}
-FOLD_ONLY_BINARY = {"pow": _f64(np.power)}
+MATH = {"exp": lambda x: fmath.expf(x), "log": lambda x: fmath.logf(x),
+        "sqrt": lambda x: fmath.sqrtf(x), "erf": lambda x: fmath.erff(x),
+        "reciprocal": lambda x: (np.float32(1) / np.asarray(x, np.float32)).astype(np.float32)}
 
 
-def _fold_unary_for(fn):
+def _math_for(fn):
     return lambda xs, attrs: [np.asarray(fn(xs[0]), dtype=np.float32)]
 
 
-def _fold_binary_for(fn):
-    return lambda xs, attrs: [np.asarray(fn(xs[0], xs[1]), dtype=np.float32)]
+for _k, _fn in MATH.items():
+    OPS[_k] = OpDef(_k, _unary_infer, _math_for(_fn))
+OPS["pow"] = OpDef("pow", _binary_infer, lambda xs, attrs: [
+    np.power(np.asarray(xs[0], np.float64), np.asarray(xs[1], np.float64)).astype(np.float32)])
+FOLD_ONLY = {"pow"}
 
 
-for _k, _fn in FOLD_ONLY_UNARY.items():
-    OPS[_k] = OpDef(_k, _unary_infer, _fold_unary_for(_fn))
-for _k, _fn in FOLD_ONLY_BINARY.items():
-    OPS[_k] = OpDef(_k, _binary_infer, _fold_binary_for(_fn))
-
+# ---- data movement -------------------------------------------------------------
+# Ops that only select and place elements, of any element type: each is a
+# strided copy (passes/lower.py's ``move`` kernel), but gather by runtime
+# indices, which reads its indices (``gather``).  They compute nothing, so
+# both numerics carry them on the values' own encodings.
+#
+#   transpose (x) {perm}
+#   slice (x) {starts, steps, shape}   y[i] = x[start + i * step] per axis,
+#                                      steps may be negative; normalized:
+#                                      every index it reads is in range
+#   concat (x0, x1, ...) {axis}
+#   expand (x) {shape}                 numpy broadcasting of x to shape
+#   gather (x, idx: i32|i64) {axis}    np.take; a negative index counts from
+#                                      the end; an index outside [-n, n)
+#                                      gives zeros (onnxruntime refuses it;
+#                                      the kernel must not read outside x)
 
 def _transpose_infer(types, attrs):
     _need(len(types) == 1, "takes 1 operand")
@@ -147,9 +157,120 @@ def _transpose_infer(types, attrs):
     return [TensorType(types[0].dtype, tuple(types[0].shape[p] for p in perm))]
 
 
+def _slice_infer(types, attrs):
+    _need(len(types) == 1, "takes 1 operand")
+    shape, starts, steps = types[0].shape, attrs["starts"], attrs["steps"]
+    out = tuple(attrs["shape"])
+    _need(len(starts) == len(steps) == len(out) == len(shape), "slice rank mismatch")
+    for d, (n, s, st, e) in enumerate(zip(shape, starts, steps, out)):
+        _need(st != 0 and e >= 1 and 0 <= s < n and 0 <= s + (e - 1) * st < n,
+              f"slice of axis {d} reads outside it")
+    return [TensorType(types[0].dtype, out)]
+
+
+def _slice_eval(xs, attrs):
+    idx = [s + np.arange(e) * st for s, st, e in zip(attrs["starts"], attrs["steps"],
+                                                     attrs["shape"])]
+    return [np.ascontiguousarray(xs[0][np.ix_(*idx)]) if idx else xs[0].copy()]
+
+
+def _concat_infer(types, attrs):
+    _need(len(types) >= 1, "takes at least 1 operand")
+    d = types[0].dtype
+    rank = len(types[0].shape)
+    axis = _axis(attrs, rank)
+    _need(all(t.dtype == d for t in types), "concat operands differ in type: "
+          + ", ".join(str(t) for t in types))
+    for t in types:
+        _need(len(t.shape) == rank and all(a == b for i, (a, b) in
+                                           enumerate(zip(t.shape, types[0].shape)) if i != axis),
+              "concat operands' shapes differ off the axis: "
+              + ", ".join(str(list(t.shape)) for t in types))
+    shape = list(types[0].shape)
+    shape[axis] = sum(t.shape[axis] for t in types)
+    return [TensorType(d, tuple(shape))]
+
+
+def _expand_infer(types, attrs):
+    _need(len(types) == 1, "takes 1 operand")
+    shape = tuple(attrs["shape"])
+    _need(broadcast_shape(types[0].shape, shape) == shape,
+          f"cannot expand {list(types[0].shape)} to {list(shape)}")
+    return [TensorType(types[0].dtype, shape)]
+
+
+def _gather_infer(types, attrs):
+    _need(len(types) == 2, "takes 2 operands")
+    _need(types[1].dtype in (I32, I64), f"gather indices of {types[1].dtype}, not i32 or i64")
+    x = types[0].shape
+    axis = _axis(attrs, len(x))
+    return [TensorType(types[0].dtype, x[:axis] + types[1].shape + x[axis + 1:])]
+
+
+def _gather_eval(xs, attrs):
+    x, idx = xs
+    axis = _axis(attrs, x.ndim)
+    n = x.shape[axis]
+    i = np.asarray(idx, np.int64)
+    ok = (i >= -n) & (i < n)
+    y = np.take(x, np.where(ok, i % n if n else 0, 0), axis=axis)
+    mask = ok.reshape((1,) * axis + ok.shape + (1,) * (x.ndim - axis - 1))
+    return [np.where(mask, y, np.zeros((), x.dtype)).astype(x.dtype)]
+
+
 OPS["transpose"] = OpDef("transpose", _transpose_infer,
                          lambda xs, attrs: [np.ascontiguousarray(np.transpose(xs[0], attrs["perm"]))])
-FOLD_ONLY = set(FOLD_ONLY_UNARY) | set(FOLD_ONLY_BINARY) | {"transpose"}
+OPS["slice"] = OpDef("slice", _slice_infer, _slice_eval)
+OPS["concat"] = OpDef("concat", _concat_infer, lambda xs, attrs: [
+    np.concatenate(xs, axis=_axis(attrs, xs[0].ndim))])
+OPS["expand"] = OpDef("expand", _expand_infer, lambda xs, attrs: [
+    np.ascontiguousarray(np.broadcast_to(xs[0], tuple(attrs["shape"])))])
+OPS["gather"] = OpDef("gather", _gather_infer, _gather_eval)
+MOVES = ("transpose", "slice", "concat", "expand")
+
+
+# ---- reductions ---------------------------------------------------------------
+#   reduce (x) {fn: sum|prod|max|min, axes, keepdims}
+#       each result runs over the reduced elements in row-major order of
+#       the reduced axes, one at a time: sum from 0, prod from 1, max/min
+#       from the first element (kml_maxf/kml_minf: NaN wins)
+
+def _reduce_infer(types, attrs):
+    _need(len(types) == 1, "takes 1 operand")
+    _need(attrs["fn"] in ("sum", "prod", "max", "min"), f"unknown reduction {attrs['fn']}")
+    t = types[0]
+    _need(t.dtype == F32 or attrs["fn"] in ("max", "min"), f"{attrs['fn']} of {t}")
+    rank = len(t.shape)
+    axes = [a % rank for a in attrs["axes"]] if rank else []
+    _need(len(set(axes)) == len(axes), f"repeated axes {attrs['axes']}")
+    shape = [1 if i in axes else n for i, n in enumerate(t.shape)] if attrs["keepdims"] else \
+        [n for i, n in enumerate(t.shape) if i not in axes]
+    return [TensorType(t.dtype, tuple(shape))]
+
+
+def _reduce_eval(xs, attrs):
+    x = np.asarray(xs[0])
+    rank = x.ndim
+    axes = sorted(a % rank for a in attrs["axes"])
+    kept = [i for i in range(rank) if i not in axes]
+    r = np.transpose(x, kept + axes).reshape([x.shape[i] for i in kept] + [-1])
+    fn = attrs["fn"]
+    if fn == "sum":
+        acc = np.zeros(r.shape[:-1], x.dtype)
+        for j in range(r.shape[-1]):
+            acc = (acc + r[..., j]).astype(x.dtype)
+    elif fn == "prod":
+        acc = np.ones(r.shape[:-1], x.dtype)
+        for j in range(r.shape[-1]):
+            acc = (acc * r[..., j]).astype(x.dtype)
+    else:
+        pick = _max_min(np.greater_equal if fn == "max" else np.less_equal)
+        acc = r[..., 0]
+        for j in range(1, r.shape[-1]):
+            acc = pick([acc, r[..., j]], {})[0]
+    shape = [1 if i in axes else n for i, n in enumerate(x.shape)] if attrs["keepdims"] else \
+        [x.shape[i] for i in kept]
+    return [np.asarray(acc, x.dtype).reshape(shape)]
 
 
 # ---- decisions --------------------------------------------------------------------
@@ -258,6 +379,7 @@ def _max_min(ge):
 OPS["max"] = OpDef("max", _numeric_infer, _max_min(np.greater_equal))
 OPS["min"] = OpDef("min", _numeric_infer, _max_min(np.less_equal))
 OPS["abs"] = OpDef("abs", _numeric_infer, lambda xs, attrs: [np.abs(xs[0])])
+OPS["reduce"] = OpDef("reduce", _reduce_infer, _reduce_eval)
 OPS["neg"] = OpDef("neg", _numeric_infer, lambda xs, attrs: [np.negative(xs[0])])
 ELEMENTWISE = ("compare", "where", "not", "and", "or", "cast", "floor", "ceil", "round",
                "max", "min", "abs", "neg")

@@ -26,38 +26,47 @@ import numpy as np
 from ..errors import KmlcError, node_ref
 from ..ir import BOOL, F32, I32, I64, Graph, IRError, Op, TensorType, Value, c_identifier, const, \
     fresh_namer, verify
-from ..ops import evaluate, infer_types
+from ..ops import broadcast_shape, evaluate, infer_types
 from . import onnx_ml
 
 MIN_OPSET = 13
 
 # ONNX ops kmlc compiles to kernels.
-SUPPORTED = ("Abs", "Add", "And", "ArgMax", "Cast", "Ceil", "Clip", "Div", "Equal", "Flatten",
-             "Floor", "Gemm", "Greater", "GreaterOrEqual", "Identity", "LeakyRelu", "Less",
-             "LessOrEqual", "MatMul", "Max", "Min", "Mul", "Neg", "Not", "Or", "Relu",
-             "Reshape", "Round", "Sigmoid", "Softmax", "Sub", "Tanh", "Where")
-# ONNX ops that become IR ops the fold-constants pass must remove: float math
-# exporters apply to constants (e.g. computing 1/std).
-FOLD_ONLY = {"Exp": "exp", "Log": "log", "Pow": "pow", "Reciprocal": "reciprocal",
-             "Sqrt": "sqrt", "Transpose": "transpose"}
+SUPPORTED = ("Abs", "Add", "And", "ArgMax", "BatchNormalization", "Cast", "CastLike", "Ceil",
+             "Clip", "Concat", "Div", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor",
+             "Gather", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "Identity",
+             "HardSigmoid", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log",
+             "LogSoftmax", "MatMul", "Max",
+             "Mean", "Min", "Mul", "Neg", "Not", "Or", "Pow", "Reciprocal", "ReduceL1",
+             "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
+             "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare", "Relu", "Reshape",
+             "Round", "Sigmoid", "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Sum",
+             "Tanh", "Transpose", "Unsqueeze", "Where")
 # Element types of runtime tensors: ONNX's name -> kmlc's.
 ELEM_TYPES = {1: F32, 6: I32, 7: I64, 9: BOOL}   # FLOAT, INT32, INT64, BOOL
 _ONNX_NAMES = {F32: "float32", I32: "int32", I64: "int64", BOOL: "bool"}
-# ONNX ops evaluated while importing, because shapes depend on them.
-STATIC = ("Concat", "Constant", "ConstantOfShape", "Gather", "Shape", "Slice",
+# ONNX ops evaluated while importing when their inputs are known, because
+# shapes depend on them (Concat, Gather, Slice, Split, Squeeze and Unsqueeze
+# of runtime data are IR ops).
+STATIC = ("Concat", "Constant", "ConstantOfShape", "Gather", "Shape", "Size", "Slice", "Split",
           "Squeeze", "Unsqueeze")
+RUNTIME_STATIC = ("Concat", "Gather", "Slice", "Split", "Squeeze", "Unsqueeze", "Cast")
+REDUCE = {"ReduceSum": "sum", "ReduceMean": "sum", "ReduceMax": "max", "ReduceMin": "min",
+          "ReduceProd": "prod", "ReduceL1": "sum", "ReduceL2": "sum", "ReduceSumSquare": "sum",
+          "ReduceLogSum": "sum", "ReduceLogSumExp": "sum"}
 
 _SIMPLE = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Relu": "relu",
            "Sigmoid": "sigmoid", "Tanh": "tanh", "MatMul": "matmul", "Where": "where",
            "Not": "not", "And": "and", "Or": "or", "Floor": "floor", "Ceil": "ceil",
-           "Round": "round", "Abs": "abs", "Neg": "neg"}
+           "Round": "round", "Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log",
+           "Sqrt": "sqrt", "Reciprocal": "reciprocal", "Erf": "erf"}
 _COMPARE = {"Greater": "gt", "GreaterOrEqual": "ge", "Less": "lt", "LessOrEqual": "le",
             "Equal": "eq"}
 
 
 def supported_ops_text() -> str:
     return (", ".join(SUPPORTED) + "; and, on constant inputs only, "
-            + ", ".join(sorted(set(STATIC) | set(FOLD_ONLY))))
+            + ", ".join(sorted(set(STATIC) - set(SUPPORTED))))
 
 
 # --------------------------------------------------------------------------
@@ -392,7 +401,7 @@ class Importer:
                       f"ONNX domain ({supported_ops_text()}) and {onnx_ml.DOMAIN} "
                       f"({', '.join(onnx_ml.SUPPORTED)})", node)
         op = node.op_type
-        if op not in SUPPORTED and op not in FOLD_ONLY and op not in STATIC:
+        if op not in SUPPORTED and op not in STATIC:
             self.fail(f"kmlc cannot compile {op}; supported ops: {supported_ops_text()}", node)
         known = [n in self.known for n in node.input if n]
         if op in STATIC or (known and all(known) and any(
@@ -401,7 +410,9 @@ class Importer:
             if self.evaluate_now(node):
                 return
         a = self.attrs(node)
-        ins = [self.get(node, i) for i in range(len(node.input))]
+        # empty constants (no axes, no split sizes) are attributes' stand-ins
+        ins = [None if node.input[i] in self.known and self.known[node.input[i]].size == 0
+               else self.get(node, i) for i in range(len(node.input))]
         x = ins[0] if ins else None
         if op in _SIMPLE:
             self.emit(node, _SIMPLE[op], ins)
@@ -424,11 +435,6 @@ class Importer:
                 self.emit(node, "reshape", [x], {"shape": list(x.type.shape)})
             else:
                 self.emit(node, "cast", [x], {"to": to.name})
-        elif op in FOLD_ONLY:
-            kind = FOLD_ONLY[op]
-            attrs = {"perm": list(a.get("perm", range(len(x.type.shape))[::-1]))} \
-                if kind == "transpose" else {}
-            self.emit(node, kind, ins, attrs)
         elif op == "LeakyRelu":
             self.emit(node, "leaky_relu", [x], {"alpha": float(np.float32(a.get("alpha", 0.01)))})
         elif op == "Clip":
@@ -468,6 +474,311 @@ class Importer:
                 node, x.type.shape, target.reshape(-1).tolist(), int(a.get("allowzero", 0)))})
         elif op == "Identity":
             self.emit(node, "reshape", [x], {"shape": list(x.type.shape)})
+        else:
+            self.convert_more(node, op, a, ins)
+
+    # -- ops written as several IR ops, and data movement ------------------------
+
+    def step(self, node, kind: str, ins: list, attrs: dict | None = None,
+             last: bool = False) -> Value:
+        """One IR op of a node that becomes several; the last one binds the
+        node's output."""
+        self.steps = getattr(self, "steps", 0) + 1
+        name = node.output[0] if last else f"{node.output[0]}#{self.steps}"
+        self.emit(node, kind, ins, attrs, out=name)
+        return self.env[name]
+
+    def scalar(self, value: float) -> Value:
+        return const(self.fresh("c"), np.asarray(value, np.float32).reshape(()))
+
+    def known_ints(self, node, i: int, what: str) -> list[int] | None:
+        """Operand i's value as integers (axes, sizes, shapes): None when
+        absent; it must be known at compile time."""
+        if i >= len(node.input) or not node.input[i]:
+            return None
+        val = self.value_of(node.input[i])
+        if val is None:
+            self.fail(f"the {what} must be known at compile time", node)
+        return [int(x) for x in np.asarray(val).reshape(-1)]
+
+    def convert_more(self, node, op: str, a: dict, ins: list) -> None:
+        x = ins[0] if ins else None
+        rank = len(x.type.shape) if x is not None else 0
+        if op == "Transpose":
+            perm = list(a.get("perm", range(rank)[::-1]))
+            self.emit(node, "transpose", [x], {"perm": perm})
+        elif op == "Concat":
+            self.emit(node, "concat", [v for v in ins if v is not None],
+                      {"axis": int(a["axis"])})
+        elif op == "Slice":
+            self.slice(node, x, self.known_ints(node, 1, "starts"),
+                       self.known_ints(node, 2, "ends"), self.known_ints(node, 3, "axes"),
+                       self.known_ints(node, 4, "steps"))
+        elif op == "Split":
+            axis = int(a.get("axis", 0)) % rank
+            split = self.known_ints(node, 1, "split")
+            try:
+                sizes = split_sizes(x.type.shape[axis], split,
+                                    int(a.get("num_outputs", len(node.output))))
+            except KmlcError as e:
+                self.fail(str(e), node)
+            at = 0
+            for name, size in zip(node.output, sizes):
+                starts, ends = [0] * rank, list(x.type.shape)
+                starts[axis], ends[axis] = at, at + size
+                at += size
+                self.slice(node, x, starts, ends, None, None, out=name)
+        elif op in ("Squeeze", "Unsqueeze"):
+            axes = self.known_ints(node, 1, "axes") if len(node.input) > 1 else a.get("axes")
+            shape = list(x.type.shape)
+            if op == "Squeeze":
+                axes = [i % rank for i in axes] if axes else [i for i, n in enumerate(shape)
+                                                               if n == 1]
+                if any(shape[i] != 1 for i in axes):
+                    self.fail(f"cannot squeeze axes {axes} of shape {shape}", node)
+                shape = [n for i, n in enumerate(shape) if i not in axes]
+            else:
+                out = rank + len(axes)
+                for i in sorted(ax % out for ax in axes):
+                    shape.insert(i, 1)
+            self.emit(node, "reshape", [x], {"shape": shape})
+        elif op == "Gather":
+            self.emit(node, "gather", ins[:2], {"axis": int(a.get("axis", 0))})
+        elif op == "Expand":
+            target = self.known_ints(node, 1, "shape")
+            try:
+                shape = broadcast_shape(x.type.shape, tuple(target))
+            except ValueError as e:
+                self.fail(str(e), node)
+            self.emit(node, "expand" if shape != x.type.shape else "reshape", [x],
+                      {"shape": list(shape)})
+        elif op == "CastLike":
+            to = ins[1].type.dtype
+            self.emit(node, "reshape" if to == x.type.dtype else "cast", [x],
+                      {"shape": list(x.type.shape)} if to == x.type.dtype else {"to": to.name})
+        elif op in ("Sum", "Mean"):
+            acc = x
+            for i, v in enumerate(ins[1:], 1):
+                acc = self.step(node, "add", [acc, v], last=op == "Sum" and i == len(ins) - 1)
+            if op == "Mean" and len(ins) > 1:
+                self.step(node, "div", [acc, self.scalar(len(ins))], last=True)
+            elif len(ins) == 1:
+                self.emit(node, "reshape", [x], {"shape": list(x.type.shape)})
+        elif op == "Pow":
+            self.power(node, x)
+        elif op == "HardSigmoid":       # max(0, min(1, alpha * x + beta))
+            y = self.step(node, "add", [self.step(node, "mul", [
+                x, self.scalar(a.get("alpha", 0.2))]), self.scalar(a.get("beta", 0.5))])
+            self.step(node, "clip", [y], {"min": 0.0, "max": 1.0}, last=True)
+        elif op == "LogSoftmax":        # (x - m) - log(sum(exp(x - m))), m the maximum
+            red = {"axes": [int(a.get("axis", -1)) % rank], "keepdims": 1}
+            d = self.step(node, "sub", [x, self.step(node, "reduce", [x], {**red, "fn": "max"})])
+            s = self.step(node, "reduce", [self.step(node, "exp", [d])], {**red, "fn": "sum"})
+            self.step(node, "sub", [d, self.step(node, "log", [s])], last=True)
+        elif op in REDUCE:
+            self.reduction(node, op, a, x)
+        elif op == "BatchNormalization":
+            self.batch_norm(node, a, ins)
+        elif op == "LayerNormalization":
+            self.layer_norm(node, a, ins)
+        elif op == "Gelu":
+            half = self.step(node, "mul", [x, self.scalar(0.5)])
+            if a.get("approximate", b"none") in (b"tanh", "tanh"):
+                cube = self.step(node, "mul", [self.step(node, "mul", [x, x]), x])
+                inner = self.step(node, "add", [x, self.step(node, "mul", [
+                    cube, self.scalar(0.044715)])])
+                t = self.step(node, "tanh", [self.step(node, "mul", [
+                    inner, self.scalar(np.sqrt(2 / np.pi))])])
+            else:
+                t = self.step(node, "erf", [self.step(node, "mul", [
+                    x, self.scalar(np.sqrt(0.5))])])
+            self.step(node, "mul", [half, self.step(node, "add", [t, self.scalar(1.0)])],
+                      last=True)
+        else:
+            raise AssertionError(op)
+
+    def slice(self, node, x, starts, ends, axes, steps, out=None):
+        """ONNX Slice, its indices clamped as ONNX says, as a slice op with
+        every axis's start, step and length."""
+        shape = list(x.type.shape)
+        rank = len(shape)
+        axes = axes if axes is not None else list(range(len(starts)))
+        steps = steps if steps is not None else [1] * len(starts)
+        if not len(starts) == len(ends) == len(axes) == len(steps):
+            self.fail("starts, ends, axes and steps differ in length", node)
+        st, sp, ln = [0] * rank, [1] * rank, list(shape)
+        for s0, e0, ax, step in zip(starts, ends, axes, steps):
+            if not -rank <= ax < rank or step == 0:
+                self.fail(f"slice axis {ax} or step {step} is invalid", node)
+            ax %= rank
+            n = shape[ax]
+            s0, e0 = s0 + n if s0 < 0 else s0, e0 + n if e0 < 0 else e0
+            if step > 0:
+                s0, e0 = min(max(s0, 0), n), min(max(e0, 0), n)
+                count = max(0, -(-(e0 - s0) // step))
+            else:
+                s0, e0 = min(max(s0, 0), n - 1), min(max(e0, -1), n - 1)
+                count = max(0, -(-(s0 - e0) // -step))
+            if count == 0:
+                self.fail(f"the slice of axis {ax} is empty; kmlc computes on non-empty tensors",
+                          node)
+            st[ax], sp[ax], ln[ax] = s0, step, count
+        if ln == shape and all(s == 1 for s in sp):
+            self.emit(node, "reshape", [x], {"shape": shape}, out=out)
+        else:
+            self.emit(node, "slice", [x], {"starts": st, "steps": sp, "shape": ln}, out=out)
+
+    def power(self, node, x):
+        """Pow by a constant: products for integers up to 16 in magnitude
+        (x * x * ... left to right, then a reciprocal for negative ones),
+        sqrt for halves, exp(e * log(x)) otherwise (NaN for x < 0, as pow);
+        each a pow's special values (C99 F.9.4.4) where the cases meet them."""
+        e = self.value_of(node.input[1])
+        if e is None:
+            self.fail("the exponent must be a constant (kmlc computes Pow by a constant)", node)
+        if x.type.dtype != F32:
+            self.fail("Pow computes on float32 only (Cast it to float first)", node)
+        e = np.asarray(e).astype(np.float32)
+        if x.is_const:      # folded: pow in f64, rounded once
+            self.emit(node, "pow", [x, const(self.fresh("exponent"), e)])
+            return
+        if e.size != 1 and np.all(e == e.reshape(-1)[0]) and e.ndim <= len(x.type.shape):
+            e = e.reshape(-1)[:1]
+        if e.size != 1:
+            self.power_tensor(node, x, e)
+            return
+        e = float(e.reshape(()))
+        if e == 1.0:
+            self.emit(node, "reshape", [x], {"shape": list(x.type.shape)})
+        elif e in (0.5, -0.5):      # + 0: pow(-0, 1/2) is +0 where sqrt(-0) is -0
+            r = self.step(node, "add", [self.step(node, "sqrt", [x]), self.scalar(0.0)],
+                          last=e > 0)
+            if e < 0:
+                self.step(node, "reciprocal", [r], last=True)
+        elif e == int(e) and 0 < abs(e) <= 16:
+            acc = x
+            for i in range(1, int(abs(e))):
+                acc = self.step(node, "mul", [acc, x], last=e > 0 and i == abs(e) - 1)
+            if e < 0:
+                self.step(node, "reciprocal", [acc], last=True)
+        elif e == 0.0:      # 1, even for NaN (IEEE pow)
+            self.step(node, "expand", [self.scalar(1.0)], {"shape": list(x.type.shape)},
+                      last=True)
+        elif e == int(e):
+            self.fail(f"Pow by {e:g}: kmlc computes integer powers up to 16 in magnitude",
+                      node)
+        else:
+            lg = self.step(node, "log", [x])
+            self.step(node, "exp", [self.step(node, "mul", [lg, self.scalar(e)])], last=True)
+
+    def power_tensor(self, node, x, e):
+        """Pow by a constant tensor of exponents: exp(e * log(b)), b = |x|
+        where e is an integer and x otherwise (so a non-integer power of a
+        negative number is NaN), negated where e is odd and x negative."""
+        whole = e == np.round(e)
+        odd = whole & (np.mod(e, 2) == 1)
+        ax = self.step(node, "abs", [x])
+        b = self.step(node, "where", [const(self.fresh("whole"), whole), ax, x]) \
+            if not whole.all() else ax
+        mag = self.step(node, "exp", [self.step(node, "mul", [
+            self.step(node, "log", [b]), const(self.fresh("exponent"), e)])])
+        if not odd.any():
+            self.emit(node, "reshape", [mag], {"shape": list(mag.type.shape)})
+            return
+        neg = self.step(node, "and", [const(self.fresh("odd"), odd), self.step(
+            node, "compare", [x, self.scalar(0.0)], {"cmp": "lt"})])
+        self.step(node, "where", [neg, self.step(node, "neg", [mag]), mag], last=True)
+
+    def reduction(self, node, op, a, x):
+        rank = len(x.type.shape)
+        if len(node.input) > 1 and node.input[1]:
+            axes = self.known_ints(node, 1, "axes")
+        else:
+            axes = a.get("axes")
+        if not axes:
+            if a.get("noop_with_empty_axes", 0):
+                self.emit(node, "reshape", [x], {"shape": list(x.type.shape)})
+                return
+            axes = list(range(rank))
+        if any(not -rank <= ax < rank for ax in axes):
+            self.fail(f"axes {axes} out of range for rank {rank}", node)
+        axes = sorted({ax % rank for ax in axes})
+        keep = int(a.get("keepdims", 1))
+        n = int(np.prod([x.type.shape[i] for i in axes]))
+        if x.type.dtype != F32 and op not in ("ReduceMax", "ReduceMin"):
+            self.fail(f"{op} computes on float32 only (Cast it to float first)", node)
+        attrs = {"fn": REDUCE[op], "axes": axes, "keepdims": keep}
+        if op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"):
+            self.step(node, "reduce", [x], attrs, last=True)
+        elif op == "ReduceMean":
+            s = self.step(node, "reduce", [x], attrs)
+            self.step(node, "div", [s, self.scalar(n)], last=True)
+        elif op == "ReduceL1":
+            self.step(node, "reduce", [self.step(node, "abs", [x])], attrs, last=True)
+        elif op in ("ReduceL2", "ReduceSumSquare"):
+            s = self.step(node, "reduce", [self.step(node, "mul", [x, x])], attrs,
+                          last=op == "ReduceSumSquare")
+            if op == "ReduceL2":
+                self.step(node, "sqrt", [s], last=True)
+        elif op == "ReduceLogSum":
+            self.step(node, "log", [self.step(node, "reduce", [x], attrs)], last=True)
+        else:   # ReduceLogSumExp: m + log(sum(exp(x - m))), m the maximum
+            m = self.step(node, "reduce", [x], {**attrs, "fn": "max", "keepdims": 1})
+            e = self.step(node, "exp", [self.step(node, "sub", [x, m])])
+            s = self.step(node, "log", [self.step(node, "reduce", [e], attrs)])
+            if not keep:
+                m = self.step(node, "reshape", [m], {"shape": list(s.type.shape)})
+            self.step(node, "add", [s, m], last=True)
+
+    def batch_norm(self, node, a, ins):
+        """Inference BatchNormalization: x * s + (B - mean * s), s = scale /
+        sqrt(var + epsilon) per channel (axis 1), computed here in float32;
+        fold-affine merges it into an adjacent dense layer."""
+        if int(a.get("training_mode", 0)) or len(node.output) > 1:
+            self.fail("BatchNormalization in training mode (kmlc compiles inference)", node)
+        vals = [self.value_of(n) for n in node.input[1:5]]
+        if any(v is None for v in vals):
+            self.fail("scale, B, mean and var must be constants", node)
+        scale, b, mean, var = (np.asarray(v, np.float32) for v in vals)
+        x = ins[0]
+        if len(x.type.shape) < 2:
+            self.fail(f"input of rank {len(x.type.shape)}; BatchNormalization needs N x C x ...",
+                      node)
+        shape = (-1,) + (1,) * (len(x.type.shape) - 2)
+        with np.errstate(all="ignore"):
+            s = (scale / np.sqrt(var + np.float32(a.get("epsilon", 1e-5)))).astype(np.float32)
+            t = (b - mean * s).astype(np.float32)
+        if not (np.all(np.isfinite(s)) and np.all(np.isfinite(t))):
+            self.fail("its constants compute to non-finite values (var + epsilon <= 0?)", node)
+        y = self.step(node, "mul", [x, const(self.fresh("bn_scale"), s.reshape(shape))])
+        self.step(node, "add", [y, const(self.fresh("bn_shift"), t.reshape(shape))], last=True)
+
+    def layer_norm(self, node, a, ins):
+        """LayerNormalization over axes [axis, rank): (x - mean) / sqrt(var +
+        epsilon) * scale + B, the mean and the (biased) variance each a sum
+        in order divided by the count."""
+        x = ins[0]
+        rank = len(x.type.shape)
+        axis = int(a.get("axis", -1)) % rank
+        axes = list(range(axis, rank))
+        n = self.scalar(int(np.prod(x.type.shape[axis:])))
+        red = {"fn": "sum", "axes": axes, "keepdims": 1}
+        mean = self.step(node, "div", [self.step(node, "reduce", [x], red), n])
+        d = self.step(node, "sub", [x, mean])
+        var = self.step(node, "div", [self.step(node, "reduce", [
+            self.step(node, "mul", [d, d])], red), n])
+        den = self.step(node, "sqrt", [self.step(node, "add", [
+            var, self.scalar(float(np.float32(a.get("epsilon", 1e-5))))])])
+        # the optional outputs: the mean and 1 / sqrt(var + epsilon)
+        if len(node.output) > 1 and node.output[1]:
+            self.emit(node, "reshape", [mean], {"shape": list(mean.type.shape)},
+                      out=node.output[1])
+        if len(node.output) > 2 and node.output[2]:
+            self.emit(node, "reciprocal", [den], out=node.output[2])
+        y = self.step(node, "mul", [self.step(node, "div", [d, den]), ins[1]],
+                      last=len(ins) < 3 or ins[2] is None)
+        if len(ins) > 2 and ins[2] is not None:
+            self.step(node, "add", [y, ins[2]], last=True)
 
     def reshape_target(self, node, shape, target, allowzero):
         out = []
@@ -497,28 +808,39 @@ class Importer:
 
         op = node.op_type
         a = self.attrs(node)
-        if op == "Shape":
+        if op in ("Shape", "Size"):
             v = self.get(node, 0) if node.input[0] not in self.known else None
             shape = np.array(self.known[node.input[0]].shape if v is None else v.type.shape,
                              dtype=np.int64)
-            result = shape[a.get("start", 0):a.get("end", None)]
+            result = shape[a.get("start", 0):a.get("end", None)] if op == "Shape" else \
+                np.array(np.prod(shape), np.int64)
         else:
             d = [self.value_of(n) if n else None for n in node.input]
             if any(x is None for n, x in zip(node.input, d) if n):
-                if op == "Cast":
-                    return False       # a cast of runtime data: an IR op
+                if op in RUNTIME_STATIC:
+                    return False       # on runtime data: IR ops
                 self.fail(f"{op} on runtime data is not supported; kmlc evaluates {op} only "
                           "when its inputs are known at compile time", node)
+            if op not in STATIC and op not in _STATIC_RULES:
+                return False           # IR ops on constants, which fold_constants folds
             try:
-                result = _static_eval(op, d, a, helper, numpy_helper)
+                result = _static_eval(op, d, {**a, "_outputs": len(node.output)}, helper,
+                                      numpy_helper)
             except KmlcError:
                 raise
             except Exception as e:
                 self.fail(f"cannot evaluate at compile time: {e}", node)
+        if op == "Split":
+            for name, part in zip(node.output, result):
+                self.constant(name, np.asarray(part))
+            return True
         self.constant(node.output[0], np.asarray(result))
         return True
 
 
+# Ops _static_eval computes (integer arithmetic on shapes among them)
+_STATIC_RULES = ("Cast", "Abs", "Exp", "Log", "Neg", "Reciprocal", "Sqrt", "Max", "Min", "Pow",
+                 "Transpose", "Add", "Sub", "Mul", "Div")
 _NUMPY_UNARY = {"Abs": np.abs, "Exp": np.exp, "Log": np.log, "Neg": np.negative,
                 "Reciprocal": np.reciprocal, "Sqrt": np.sqrt}
 
@@ -569,6 +891,10 @@ def _static_eval(op, d, a, helper, numpy_helper):
     if op == "ConstantOfShape":
         val = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
         return np.full(tuple(int(x) for x in d[0].reshape(-1)), val.reshape(-1)[0], val.dtype)
+    if op == "Split":
+        sizes = split_sizes(d[0].shape[a.get("axis", 0)], d[1] if len(d) > 1 else None,
+                            a.get("num_outputs", a["_outputs"]))
+        return np.split(d[0], np.cumsum(sizes)[:-1], axis=a.get("axis", 0))
     if op == "Slice":
         data, starts, ends = d[0], d[1].reshape(-1), d[2].reshape(-1)
         axes = d[3].reshape(-1) if len(d) > 3 and d[3] is not None else range(len(starts))
@@ -578,6 +904,18 @@ def _static_eval(op, d, a, helper, numpy_helper):
             idx[int(ax)] = slice(int(s), int(e), int(st))
         return data[tuple(idx)]
     raise KmlcError(f"no compile-time evaluation for {op}")
+
+
+def split_sizes(n: int, split, parts: int) -> list[int]:
+    """Split's pieces of an axis of n: the ``split`` input's sizes, or
+    ``parts`` pieces of ceil(n / parts), the last one smaller (opset 18)."""
+    if split is not None:
+        sizes = [int(x) for x in np.asarray(split).reshape(-1)]
+        if sum(sizes) != n or any(x < 0 for x in sizes):
+            raise KmlcError(f"split sizes {sizes} do not add up to the axis's {n}")
+        return sizes
+    step = -(-n // parts)
+    return [min(step, n - i * step) for i in range(parts)]
 
 
 def _type_name(elem_type: int) -> str:

@@ -43,19 +43,22 @@ from . import Imported, graph_sha256
 _SIMPLE = {"relax.add": "add", "relax.subtract": "sub", "relax.multiply": "mul",
            "relax.divide": "div", "relax.matmul": "matmul", "relax.nn.relu": "relu",
            "relax.sigmoid": "sigmoid", "relax.tanh": "tanh"}
-_FOLD_ONLY = {"relax.sqrt": "sqrt", "relax.exp": "exp", "relax.log": "log", "relax.abs": "abs",
-              "relax.negative": "neg", "relax.power": "pow", "relax.maximum": "max",
-              "relax.minimum": "min"}
+_MATH = {"relax.sqrt": "sqrt", "relax.exp": "exp", "relax.log": "log", "relax.abs": "abs",
+         "relax.negative": "neg", "relax.maximum": "max", "relax.minimum": "min",
+         "relax.power": "pow"}
+# pow has no kernel: a power of runtime data is refused when lowered
+_FOLD_ONLY = {"relax.power"}
 _VIEWS = ("relax.reshape", "relax.flatten", "relax.expand_dims", "relax.squeeze")
 _STATIC = {"relax.isnan": np.isnan, "relax.where": np.where}
-SUPPORTED = tuple(sorted(set(_SIMPLE) | set(_VIEWS) | {
-    "relax.nn.leakyrelu", "relax.clip", "relax.nn.softmax", "relax.argmax", "relax.astype"}))
+SUPPORTED = tuple(sorted(set(_SIMPLE) | set(_VIEWS) | (set(_MATH) - _FOLD_ONLY) | {
+    "relax.nn.leakyrelu", "relax.clip", "relax.nn.softmax", "relax.argmax", "relax.astype",
+    "relax.permute_dims"}))
 
 
 def supported_ops_text() -> str:
     return (", ".join(o.removeprefix("relax.") for o in SUPPORTED) + "; and, on constant "
             "inputs only, " + ", ".join(sorted(o.removeprefix("relax.") for o in
-                                               ["relax.permute_dims", *_FOLD_ONLY, *_STATIC])))
+                                               [*_FOLD_ONLY, *_STATIC])))
 
 
 def load(mod, params=None, *, name: str | None = None) -> Imported:
@@ -204,8 +207,7 @@ class RelaxImporter:
             self.fail(f"calls '{getattr(value.op, 'name_hint', value.op)}'; kmlc imports Relax "
                       f"operators only: {supported_ops_text()}", var)
         op = value.op.name
-        if op not in _SIMPLE and op not in _FOLD_ONLY and op not in _STATIC \
-                and op not in SUPPORTED and op != "relax.permute_dims":
+        if op not in _SIMPLE and op not in _MATH and op not in _STATIC and op not in SUPPORTED:
             callee = value.args[0] if value.args else None
             if isinstance(callee, self.tvm.ir.GlobalVar):
                 self.fail(f"calls '{callee.name_hint}'; kmlc imports Relax operators only, as "
@@ -226,8 +228,8 @@ class RelaxImporter:
             return np.asarray(_STATIC[op](*known))
         if op in _SIMPLE:
             return self.emit(var, op, _SIMPLE[op], args)
-        if op in _FOLD_ONLY:
-            return self.emit(var, op, _FOLD_ONLY[op], args)
+        if op in _MATH:
+            return self.emit(var, op, _MATH[op], args)
         x = args[0] if args else None
         if op == "relax.permute_dims":
             rank = len(self.operand(x, var, "operand 0", op).type.shape)

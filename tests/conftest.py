@@ -42,6 +42,23 @@ def check_refused(m, why: str, where: str, tmp_path) -> None:
     assert not (tmp_path / "o2").exists()
 
 
+def float_bound_holds(program, y, ref64, rows):
+    """kmlc verify's float bound (compiler/float_bound.py) holds on every
+    finite element of the float32 outputs: the twin's outputs ``y`` on
+    ``rows`` within it of onnxruntime's float64 ``ref64``.  Yields each
+    output's (port, value64, finite-bound mask) for further checks."""
+    from kmlc.float_bound import float_bound
+
+    for p, (v64, bound) in zip(program.outputs, float_bound(program.graph, rows)):
+        if p.type.dtype.name != "f32":
+            continue
+        sl = slice(p.buffer.offset, p.buffer.offset + p.buffer.numel)
+        err = np.abs(y[:, sl] - ref64[:, sl])
+        fin = np.isfinite(bound) & np.isfinite(err)
+        assert (err[fin] <= bound[fin]).all(), (p.name, (err - bound)[fin].max())
+        yield p, v64, fin
+
+
 def make_model(nodes, inputs, outputs, inits=(), opset=17, ir_version=8, name="m"):
     """A ModelProto from onnx.helper pieces; ``inputs``/``outputs`` are
     (name, shape) pairs (float32) or ready ValueInfoProtos; ``inits`` maps
@@ -196,3 +213,41 @@ def kernel_tree() -> Path:
 def seed_inputs():
     return seed_models.sample_inputs
 
+
+
+# The slowest test modules and about how long each takes on 2 cores, in
+# seconds (the durations of a full run: pytest --durations).  Under xdist's
+# work stealing each worker starts on an equal share of the collection, in
+# order; these go first, spread over the shares so that every worker starts
+# on a long module (one worker's tail of qemu boots would otherwise end the
+# run alone).  Only the order changes: a stale figure costs time, not
+# correctness.
+SLOW_MODULES = {"e2e/test_qemu.py": 2000, "fuzz/test_fuzz.py": 300,
+                "examples/test_examples_in_kernel.py": 300, "conformance/test_trees.py": 450,
+                "examples/test_admission_example.py": 350, "e2e/test_decision_models.py": 250,
+                "e2e/test_fixed_models.py": 250, "e2e/test_bench.py": 150,
+                "conformance/test_tensor_ops.py": 120}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2:
+        return
+    modules: dict[str, list] = {}
+    for it in items:
+        modules.setdefault(Path(str(it.fspath)).relative_to(Path(__file__).parent).as_posix(),
+                           []).append(it)
+    shares, cost = [[] for _ in range(workers)], [0.0] * workers
+    for mod in sorted((m for m in modules if m in SLOW_MODULES), key=lambda m: -SLOW_MODULES[m]):
+        i = cost.index(min(cost))           # the least loaded share takes the next longest
+        shares[i] += modules.pop(mod)
+        cost[i] += SLOW_MODULES[mod]
+    rest = [it for its in modules.values() for it in its]
+    size = -(-len(items) // workers)
+    for share in shares:                    # the quick tests fill each share to its count
+        take = max(0, size - len(share))
+        share += rest[:take]
+        rest = rest[take:]
+    items[:] = [it for share in shares for it in share] + rest

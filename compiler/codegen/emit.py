@@ -45,11 +45,19 @@ def cint(v) -> str:
     return str(int(v))
 
 
-def idx(terms, zero=()) -> str:
-    """An index expression ``i * 15 + j`` from (loop variable, stride) terms;
-    variables in ``zero`` are fixed at 0 and drop out."""
-    parts = [v if s == 1 else f"{v} * {s}" for v, s in terms if s != 0 and v not in zero]
-    return " + ".join(parts) or "0"
+def idx(terms, zero=(), offset: int = 0) -> str:
+    """An index expression ``7 + i * 15 - j`` from (loop variable, stride)
+    terms after ``offset``; variables in ``zero`` are fixed at 0 and drop
+    out.  A negative stride is subtracted (a reversed slice, whose offset
+    keeps every index it reaches in range)."""
+    out = str(offset) if offset else ""
+    for v, s in terms:
+        if s == 0 or v in zero:
+            continue
+        t = v if abs(s) == 1 else f"{v} * {abs(s)}"
+        assert s > 0 or out, "a negative stride after nothing"
+        out = f"{out} {'+' if s > 0 else '-'} {t}" if out else t
+    return out or "0"
 
 
 def cref(buf: Buffer) -> str:
@@ -58,14 +66,16 @@ def cref(buf: Buffer) -> str:
     return f"W->{buf.name}" if buf.kind == "const" else buf.name
 
 
-def at(role: str, buf: Buffer, terms, zero=()) -> str:
-    """How a kernel spells element ``terms`` of operand ``role``."""
+def at(role: str, buf: Buffer, terms, zero=(), offset: int = 0) -> str:
+    """How a kernel spells element ``terms`` (after ``offset``) of operand
+    ``role``."""
     if buf.kind == "const" and buf.data.ndim == 2:
+        assert not offset
         live = [(v, s) for v, s in terms if s != 0]
         (rv, rs), (cv, cs) = live
         assert rs == buf.data.shape[1] and cs == 1, (buf.name, terms)
         return f"{cref(buf)}[{'0' if rv in zero else rv}][{'0' if cv in zero else cv}]"
-    return f"{cref(buf) if buf.kind == 'const' else role}[{idx(terms, zero)}]"
+    return f"{cref(buf) if buf.kind == 'const' else role}[{idx(terms, zero, offset)}]"
 
 
 def act_call(act: str, params: dict, e: str, lanes: str = "") -> str:
@@ -194,6 +204,52 @@ def ewise_expr(k: Kernel, vars: list[str]) -> tuple[str, str]:
     shown = k.params["expr"].format(**{r: (k.operands[r].name if k.operands[r].kind == "const"
                                            else r) for r in roles})
     return f"{at('y', k.operands['y'], terms['y'])} = {e};", shown
+
+
+def move_view(k: Kernel) -> tuple[list[str], list[tuple[list, str]]]:
+    """A move kernel's loop variables, and per operand its loops and its
+    copy statement."""
+    names, parts = set(), []
+    for part in k.params["parts"]:
+        vars = loop_vars(part["dims"])
+        names |= set(vars) if part["dims"] else set()
+        terms = lambda i: [(v, st[i]) for v, (_, st) in zip(vars, part["dims"])]  # noqa: E731
+        stmt = (f"{at('y', k.operands['y'], terms(1), offset=part['oy'])} = "
+                f"{at(part['role'], k.operands[part['role']], terms(0), offset=part['ox'])};")
+        parts.append((list(zip(vars, [e for e, _ in part["dims"]])), stmt))
+    return sorted(names), parts
+
+
+def reduce_view(k: Kernel) -> dict:
+    """A reduce kernel's loops (kept axes outside, reduced inside) and the
+    spellings of its element, first element and result."""
+    p = k.params
+    ov = loop_vars(p["outer"])
+    rv = loop_vars(p["inner"], "r")
+    xo = [(v, st[0]) for v, (_, st) in zip(ov, p["outer"])]
+    xr = [(v, st[0]) for v, (_, st) in zip(rv, p["inner"])]
+    yo = [(v, st[1]) for v, (_, st) in zip(ov, p["outer"])]
+    x = k.operands["x"]
+    return {"outer": list(zip(ov, [e for e, _ in p["outer"]])) if p["outer"] else [],
+            "inner": list(zip(rv, [e for e, _ in p["inner"]])) if p["inner"] else [],
+            "vars": (ov if p["outer"] else []) + (rv if p["inner"] else []),
+            "X": at("x", x, xo + xr), "X0": at("x", x, xo), "Y": at("y", k.operands["y"], yo)}
+
+
+def gather_view(k: Kernel) -> dict:
+    p = k.params
+    zero = ({"o"} if p["outer"] == 1 else set()) | ({"q"} if p["q"] == 1 else set()) | \
+        ({"r"} if p["inner"] == 1 else set())
+    loops = [(v, e) for v, e in (("o", p["outer"]), ("q", p["q"])) if v not in zero]
+    n, inner = p["n"], p["inner"]
+    row = idx([("o", n * inner)], zero)
+    xi = (f"{row} + " if row != "0" else "") + ("j" if inner == 1 else f"j * {inner}") + \
+        ("" if "r" in zero else " + r")
+    return {"loops": loops, "vars": [v for v in ("o", "q", "r") if v not in zero],
+            "I": at("idx", k.operands["idx"], [("q", 1)], zero),
+            "X": f"{cref(k.operands['x']) if k.operands['x'].kind == 'const' else 'x'}[{xi}]",
+            "Y": at("y", k.operands["y"], [("o", p["q"] * inner), ("q", inner), ("r", 1)], zero),
+            "inner": [] if "r" in zero else [("r", inner)]}
 
 
 def matmul_view(k: Kernel) -> dict:
@@ -369,7 +425,8 @@ def environment() -> jinja2.Environment:
                        macro_init=macro_init, positional=positional, ctext=c_text,
                        ccomment=ccomment, cref=cref, declbreak=declbreak)
     env.globals.update(cfloat=cfloat, idx=idx, at=at, act_call=act_call, reads_consts=reads_consts,
-                       arg=arg, matmul_view=matmul_view, ewise_expr=ewise_expr, q_requant=q_requant, loop_vars=loop_vars, loops_zero=loops_zero,
+                       arg=arg, matmul_view=matmul_view, move_view=move_view,
+                       reduce_view=reduce_view, gather_view=gather_view, ewise_expr=ewise_expr, q_requant=q_requant, loop_vars=loop_vars, loops_zero=loops_zero,
                        initializer=initializer, bits_hex=bits_hex, version=__version__,
                        const_layout=const_layout, macro=macro, q_output=q_output,
                        zip=zip, enumerate=enumerate, dict=dict)

@@ -157,7 +157,8 @@ def bound_ranges(g: Graph) -> Graph:
             out = (xl, xh)
         elif op.kind in ("compare", "not", "and", "or"):
             out = (0, 1)
-        elif op.kind in ("where", "max", "min"):
+        elif op.kind in ("where", "max", "min", "transpose", "slice", "expand", "concat",
+                         "reduce"):      # a choice among, or copies of, the operands' values
             vals = [iv[v] if not v.is_const else (int(v.data.min()), int(v.data.max()))
                     for v in (op.inputs[1:] if op.kind == "where" else op.inputs)]
             out = (min(v[0] for v in vals), max(v[1] for v in vals))

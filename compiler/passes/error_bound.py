@@ -105,8 +105,11 @@ def error_bound(g: Graph, info) -> Graph:
             # that operand's own bound of it)
             E[y] = np.zeros(n)
             continue
-        if op.kind in ("where", "max", "min"):
-            # a selection: one operand's error, or a rounded constant's half step
+        if op.kind in ("where", "max", "min", "transpose", "slice", "expand", "concat",
+                       "reduce"):
+            # a selection or a copy: one operand's error, or a rounded
+            # constant's half step (the largest: E per element is not tracked
+            # through the moves)
             vals = op.inputs[1:] if op.kind == "where" else op.inputs
             E[y] = np.full(n, max(float(np.max(E[v])) if v in E else
                                   (0.5 * scale_of(y) if v.is_const else 0.0) for v in vals))

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import KmlcError
 from ..ir import BOOL, DTYPES, F32, I16, I32, I64, U8, U32, DType, Graph, Value, c_identifier, \
     fresh_namer
-from ..ops import ELEMENTWISE
+from ..ops import ELEMENTWISE, MATH, MOVES
 from ..schedule import SIMD_ISAS, Buffer, Kernel, Port, Program
 
 C_RESERVED = {
@@ -36,8 +36,8 @@ C_RESERVED = {
     # names the templates use for parameters and locals
     "in", "out", "workspace", "ws", "ret", "a", "b", "c", "x", "y", "i", "j", "k", "o", "q",
     "acc", "m", "s", "best", "v", "e", "n", "t", "xk", "ak", "w", "w_tail", "r", "xx", "x0",
-    "x1", "sat", "d", *(f"i{g}" for g in range(8)),
-    *(f"{p}{i}" for p in "apsv" for i in range(16)),
+    "x1", "sat", "d", "idx", *(f"i{g}" for g in range(8)), *(f"r{g}" for g in range(8)),
+    *(f"{p}{i}" for p in "psv" for i in range(16)), *(f"a{i}" for i in range(256)),
 }
 
 
@@ -112,6 +112,8 @@ PAIR_TILE = 8
 _CMP_C = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
 _SUFFIX = {F32: "f", I16: "_s32", I32: "_s32", I64: "_s64"}
 ELEMENTWISE_DOC = {"compare": "a comparison, 1 or 0", "where": "a ? b : c",
+                   "sqrt": "correctly rounded", "exp": "docs/numerics.md", "log": "docs/numerics.md",
+                   "erf": "docs/numerics.md",
                    "round": "round half to even", "cast": "a conversion (docs/numerics.md)"}
 
 
@@ -128,8 +130,10 @@ def elementwise_expr(op, out: DType) -> str:
         return "{a} ? {b} : {c}"
     if k in ("not", "and", "or"):
         return {"not": "!{a}", "and": "{a} && {b}", "or": "{a} || {b}"}[k]
-    if k in ("floor", "ceil", "round"):
+    if k in ("floor", "ceil", "round") or k in MATH and k != "reciprocal":
         return f"kml_{k}f({{a}})"
+    if k == "reciprocal":
+        return "1.0f / {a}"
     if k in ("max", "min"):
         return f"kml_{k}{_SUFFIX[d]}({{a}}, {{b}})"
     if k == "abs":
@@ -290,8 +294,9 @@ class _Lowering:
         return self.buf[v]
 
     def result(self, v: Value, outputs: dict[Value, Buffer]) -> Buffer:
-        b = outputs.get(v) or Buffer(self.cname(f"t_{v.name}"), v.type.dtype, v.type.numel,
-                                     "temp", value=v.name)
+        # C names in lower case (kernel style; ONNX names are often CamelCase)
+        b = outputs.get(v) or Buffer(self.cname(f"t_{v.name}".lower()), v.type.dtype,
+                                     v.type.numel, "temp", value=v.name)
         self.buf[v] = b
         return b
 
@@ -432,6 +437,62 @@ class _Lowering:
         self.kernel("ewise", op, {**ops, "y": y}, dims=dims,
                     expr=elementwise_expr(op, y.dtype), what=ELEMENTWISE_DOC.get(op.kind, ""))
 
+    def move(self, op, y):
+        """Transpose, slice, concat and expand: strided copies, one loop
+        nest per operand, y[oy + sum i_d sy_d] = x[ox + sum i_d sx_d]
+        (a slice's stride is negative where its step is)."""
+        out = op.output.type.shape
+        cy = contiguous_strides(out)
+        a = op.attrs
+        parts, ops = [], {}
+        if op.kind == "concat":
+            axis, at_ = a["axis"] % len(out), 0
+            for j, v in enumerate(op.inputs):
+                role = f"a{j}"
+                ops[role] = self.operand(v, role)
+                dims = coalesce(v.type.shape, contiguous_strides(v.type.shape), cy)
+                parts.append({"role": role, "ox": 0, "oy": at_ * cy[axis], "dims": dims})
+                at_ += v.type.shape[axis]
+        else:
+            x = op.inputs[0]
+            cx = contiguous_strides(x.type.shape)
+            ox = 0
+            if op.kind == "transpose":
+                sx = [cx[p] for p in a["perm"]]
+            elif op.kind == "slice":
+                sx = [c * st for c, st in zip(cx, a["steps"])]
+                ox = sum(c * s0 for c, s0 in zip(cx, a["starts"]))
+            else:   # expand
+                sx = broadcast_strides(x.type.shape, out)
+            ops["a0"] = self.operand(x, "a0")
+            parts.append({"role": "a0", "ox": ox, "oy": 0, "dims": coalesce(out, sx, cy)})
+        what = {"transpose": f"y = x transposed by {list(a.get('perm', []))}",
+                "slice": "y = a slice of x" + (" (reversed where a step is negative)"
+                                                if any(st < 0 for st in a.get("steps", [])) else ""),
+                "concat": f"y = the operands concatenated along axis {a.get('axis')}",
+                "expand": f"y = x broadcast to {list(out)}"}[op.kind]
+        self.kernel("move", op, {**ops, "y": y}, parts=parts, what=what)
+
+    def gather(self, op, y):
+        x, ind = op.inputs
+        outer, n, inner = self.axis_split(x.type.shape, op.attrs["axis"])
+        self.kernel("gather", op, {"x": self.operand(x, "x"), "idx": self.operand(ind, "idx"),
+                                   "y": y}, outer=outer, n=n, inner=inner, q=ind.type.numel)
+
+    def reduce(self, op, y):
+        """A reduction: loops over the kept axes outside, the reduced ones
+        inside in row-major order (the evaluator's order), strides of x."""
+        x = op.inputs[0]
+        shape, cx = x.type.shape, contiguous_strides(x.type.shape)
+        axes = sorted(ax % len(shape) for ax in op.attrs["axes"])
+        kept = [i for i in range(len(shape)) if i not in axes]
+        ky = contiguous_strides([shape[i] for i in kept])
+        outer = coalesce([shape[i] for i in kept], [cx[i] for i in kept], ky)
+        inner = coalesce([shape[i] for i in axes], [cx[i] for i in axes])
+        self.kernel("reduce", op, {"x": self.operand(x, "x"), "y": y}, outer=outer,
+                    inner=inner, fn=op.attrs["fn"],
+                    count=int(np.prod([shape[i] for i in axes], dtype=np.int64)))
+
     def axis_split(self, shape, axis):
         axis %= len(shape)
         return (int(np.prod(shape[:axis], dtype=np.int64)), shape[axis],
@@ -448,7 +509,7 @@ class _Lowering:
 
         inputs, off = [], 0
         for v in g.inputs:
-            b = Buffer(self.cname(v.name), self.io_in, v.type.numel, "input", offset=off,
+            b = Buffer(self.cname(v.name.lower()), self.io_in, v.type.numel, "input", offset=off,
                        value=v.name)
             self.buf[v] = b
             inputs.append(Port(g.source_name(v), v.type, b))
@@ -457,7 +518,8 @@ class _Lowering:
         outputs, direct, copies, off = [], {}, [], 0
         for v in g.outputs:
             r = root(v)
-            b = Buffer(self.cname(f"out_{v.name}"), self.io_out, v.type.numel, "output", offset=off,
+            b = Buffer(self.cname(f"out_{v.name}".lower()), self.io_out, v.type.numel, "output",
+                       offset=off,
                        value=v.name)
             if r in g.inputs or r.is_const or r in direct:
                 copies.append((r, b))
@@ -475,8 +537,13 @@ class _Lowering:
             x = op.inputs[0]
             if op.kind in ("dense", "gemm", "matmul"):
                 self.matmul(op, y)
-            elif op.kind in ("add", "sub", "mul", "div") or op.kind in ELEMENTWISE:
+            elif op.kind in ("add", "sub", "mul", "div") or op.kind in ELEMENTWISE \
+                    or op.kind in MATH:
                 self.ewise(op, y)
+            elif op.kind in MOVES:
+                self.move(op, y)
+            elif op.kind in ("gather", "reduce"):
+                getattr(self, op.kind)(op, y)
             elif op.kind in ("relu", "leaky_relu", "sigmoid", "tanh", "clip"):
                 self.kernel("map", op, {"x": self.operand(x, "x"), "y": y}, n=x.type.numel,
                             act=op.kind, act_params=dict(op.attrs))

@@ -64,7 +64,8 @@ SUPPORTED_FIXED = ("dense (MatMul/Gemm + bias)", "tree ensembles on graph inputs
                    "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Floor/Ceil/Round", "Abs/Neg",
                    "Softmax", "ArgMax", "Reshape/Flatten/Identity", "comparisons with a constant",
                    "Not/And/Or", "Where", "Max/Min of values on one scale", "Cast of integers "
-                   "and bools, and of an integer input to float")
+                   "and bools, and of an integer input to float", "Transpose, Slice, Split, "
+                   "Expand, Concat, ReduceMax and ReduceMin of values on one scale")
 
 
 def same_scale(*qs) -> bool:
@@ -489,6 +490,27 @@ class _Quantizer:
         self.emit(op.kind, ins, {}, op.origin, op.output, q,
                   dtype=ins[-1].type.dtype if q is EXACT else I16)
 
+    def move(self, op: Op) -> None:
+        """Transpose, Slice, Expand, Concat (copies) and ReduceMax/Min (a
+        choice among its operand's values): the result keeps the encoding
+        of its operands, which must share one (a float constant is rounded
+        to it); activations on two scales, and graph inputs (each feature
+        has its own encoding, folded into the first dense layer), are
+        refused."""
+        if op.kind == "reduce" and op.attrs["fn"] not in ("max", "min"):
+            _fail(op, f"a reduction by {op.attrs['fn']} (fixed point keeps no sums of "
+                  "activations but a dense layer's)")
+        like = self.runtime_q(op)
+        got = [self.operand(op, v, like) for v in op.inputs]
+        if not same_scale(*(q for _, q in got)):
+            _fail(op, f"{op.kind} of values on different scales (a dense layer between "
+                  "them gives one)")
+        q = got[0][1]
+        if q is not EXACT:
+            q = QParams(q.scale, q.zp, min(g.lo for _, g in got), max(g.hi for _, g in got))
+        self.emit(op.kind, [v for v, _ in got], dict(op.attrs), op.origin, op.output, q,
+                  dtype=got[0][0].type.dtype)
+
     def rounding(self, op: Op) -> None:
         """Floor, Ceil, Round: the integer k the real value (q - zp) * scale
         rounds to, computed exactly from (q - zp) * M / 2^S with M / 2^S the
@@ -810,6 +832,8 @@ class _Quantizer:
                                          "scale": qx.scale / q.scale}, op.origin, op.output, q)
             elif op.kind in ("floor", "ceil", "round"):
                 self.rounding(op)
+            elif op.kind in ("transpose", "slice", "expand", "concat", "reduce"):
+                self.move(op)
             elif op.kind in ("not", "and", "or"):
                 self.emit(op.kind, [self.env[v][0] for v in op.inputs], {}, op.origin, op.output,
                           EXACT, dtype=BOOL)

@@ -197,7 +197,11 @@ HOSTILE_NAMES = ["in*/x", "*/", "/*", "//", "a\nb", "\u202eevil", "é", "ü", "Y
                  "$(id)", "a.b", "日本"]
 OPS = ["Relu", "Sigmoid", "Tanh", "Softmax", "Exp", "Abs", "Neg", "Add", "Mul", "Sub", "Div",
        "MatMul", "Gemm", "Identity", "Flatten", "Transpose", "Concat", "ArgMax", "Clip",
-       "LeakyRelu", "Elu", "Pow", "Max", "HardSigmoid", "Reshape", "Foo", "If", "Cast"]
+       "LeakyRelu", "Elu", "Pow", "Max", "HardSigmoid", "Reshape", "Foo", "If", "Cast",
+       "Log", "Sqrt", "Erf", "Reciprocal", "Slice", "Split", "Gather", "Expand", "Squeeze",
+       "Unsqueeze", "ReduceSum", "ReduceMax", "ReduceMean", "ReduceL2", "ReduceLogSumExp",
+       "LayerNormalization", "BatchNormalization", "Gelu", "LogSoftmax", "Sum", "Mean",
+       "CastLike", "Size"]
 
 
 def _pick(rng, seq):
@@ -251,7 +255,8 @@ def mutate_graph(rng, m: onnx.ModelProto) -> str:
     elif how == "retype":
         n.op_type = _pick(rng, OPS)
     elif how == "attr":
-        name = _pick(rng, ["axis", "alpha", "beta", "transA", "transB", "min", "max", "to"])
+        name = _pick(rng, ["axis", "alpha", "beta", "transA", "transB", "min", "max", "to",
+                           "axes", "keepdims", "epsilon", "perm", "num_outputs"])
         val = _pick(rng, [0, 1, -1, 5, -7, 2.5, -1.0, 0.0, 1e30, float("nan")])
         kept = [a for a in n.attribute if a.name != name]
         del n.attribute[:]

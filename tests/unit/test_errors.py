@@ -59,9 +59,9 @@ def bad_models(tmp_path):
     save("old_opset", relu_model(opset=11), ["opset 11", "13"])
     save("zero_size", make_model([helper.make_node("Relu", ["x"], ["y"], name="r")],
                                  [("x", [0, 4])], [("y", [0, 4])]), ["'x'", "size 0"])
-    save("runtime_sqrt", make_model([helper.make_node("Sqrt", ["x"], ["y"], name="root")],
-                                    [("x", [1, 4])], [("y", [1, 4])]),
-         ["root", "sqrt", "compile time"])
+    save("runtime_exponent", make_model([helper.make_node("Pow", ["x", "x"], ["y"], name="root")],
+                                        [("x", [1, 4])], [("y", [1, 4])]),
+         ["'root' (Pow)", "exponent", "constant"])
     save("runtime_reshape", make_model(
         [helper.make_node("Reshape", ["x", "s"], ["y"], name="rs")],
         [("x", [1, 4]), helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
@@ -377,8 +377,9 @@ def test_names_holding_newlines_stay_on_one_line(tmp_path):
     "1 more line").  Control characters in the line are escaped now."""
     from onnx import TensorProto
     for elem, op, words in ((TensorProto.INT64, "Relu", ["operand 'a\\nb'", "int64"]),
-                            (TensorProto.FLOAT, "Sqrt", ["'r\\nq\\t (Sqrt)'", "compile time"])):
-        m = make_model([helper.make_node(op, ["a\nb"], ["y\nz"], name="r\nq\t")],
+                            (TensorProto.FLOAT, "Pow", ["'r\\nq\\t' (Pow)", "constant"])):
+        m = make_model([helper.make_node(op, ["a\nb"] * (2 if op == "Pow" else 1), ["y\nz"],
+                                         name="r\nq\t")],
                        [helper.make_tensor_value_info("a\nb", elem, [1, 3])],
                        [helper.make_tensor_value_info("y\nz", elem, [1, 3])])
         onnx.save(m, tmp_path / "m.onnx")
