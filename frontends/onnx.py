@@ -733,7 +733,7 @@ class Importer:
     def batch_norm(self, node, a, ins):
         """Inference BatchNormalization: x * s + (B - mean * s), s = scale /
         sqrt(var + epsilon) per channel (axis 1), computed here in float32;
-        fold-affine merges it into an adjacent dense layer."""
+        in fixed point fold-affine merges it into the adjacent dense layer."""
         if int(a.get("training_mode", 0)) or len(node.output) > 1:
             self.fail("BatchNormalization in training mode (kmlc compiles inference)", node)
         vals = [self.value_of(n) for n in node.input[1:5]]

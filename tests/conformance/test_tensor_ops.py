@@ -356,3 +356,27 @@ def test_a_pytorch_model_with_layer_norm_and_gelu(tmp_path):
         want = net(rows).numpy()
     got = twin.run(rows.numpy())
     assert np.abs(got - want).max() < 2e-5, np.abs(got - want).max()
+
+
+def test_batch_norm_folds_into_the_dense_layer_in_fixed_point(tmp_path):
+    """Gemm then BatchNormalization: float keeps x * s + t after the layer
+    (ONNX's order; test_against_onnxruntime_and_the_evaluator[norms] holds
+    it to onnxruntime); fixed point folds it into the layer (one qdense),
+    with the float model's decisions."""
+    n = helper.make_node
+    rng = np.random.default_rng(6)
+    m = make_model([n("Gemm", ["x", "w", "b"], ["h"], transB=1),
+                    n("BatchNormalization", ["h", "s", "bb", "mu", "var"], ["z"]),
+                    n("ArgMax", ["z"], ["y"], axis=1)], [("x", [1, 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.INT64, [1, 1])],
+                   {"w": rng.normal(size=(3, 4)).astype(np.float32), "b": np.zeros(3, np.float32),
+                    "s": np.float32([1, 2, 3]), "bb": np.float32([0, 1, 2]),
+                    "mu": np.float32([0.5, 0, -1]), "var": np.float32([1, 4, 0.25])}, opset=15)
+    cal = rng.normal(size=(3000, 4)).astype(np.float32)
+    fp = kcompile(m, tmp_path / "fp", targets="user")
+    fx = kcompile(m, tmp_path / "fx", targets="user", numerics="fixed", calibration=cal)
+    assert [op.kind for op in fp.program.graph.ops] == ["dense", "mul", "add", "argmax"]
+    assert [op.kind for op in fx.program.graph.ops] == ["qinput", "qdense", "argmax"]
+    a = load(tmp_path / "fp").run(cal).reshape(-1)
+    b = load(tmp_path / "fx").run(cal).reshape(-1)
+    assert np.mean(a == b) >= 0.998, np.mean(a == b)
