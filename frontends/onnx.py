@@ -674,20 +674,22 @@ class Importer:
     def power_tensor(self, node, x, e):
         """Pow by a constant tensor of exponents: exp(e * log(b)), b = |x|
         where e is an integer and x otherwise (so a non-integer power of a
-        negative number is NaN), negated where e is odd and x negative."""
+        negative number is NaN), negated where e is odd and x negative, and
+        1 where e is 0 (pow(x, 0) is 1 for every x, NaN and 0 included)."""
         whole = e == np.round(e)
         odd = whole & (np.mod(e, 2) == 1)
         ax = self.step(node, "abs", [x])
         b = self.step(node, "where", [const(self.fresh("whole"), whole), ax, x]) \
             if not whole.all() else ax
-        mag = self.step(node, "exp", [self.step(node, "mul", [
+        y = self.step(node, "exp", [self.step(node, "mul", [
             self.step(node, "log", [b]), const(self.fresh("exponent"), e)])])
-        if not odd.any():
-            self.emit(node, "reshape", [mag], {"shape": list(mag.type.shape)})
-            return
-        neg = self.step(node, "and", [const(self.fresh("odd"), odd), self.step(
-            node, "compare", [x, self.scalar(0.0)], {"cmp": "lt"})])
-        self.step(node, "where", [neg, self.step(node, "neg", [mag]), mag], last=True)
+        if odd.any():
+            neg = self.step(node, "and", [const(self.fresh("odd"), odd), self.step(
+                node, "compare", [x, self.scalar(0.0)], {"cmp": "lt"})])
+            y = self.step(node, "where", [neg, self.step(node, "neg", [y]), y])
+        if (e == 0).any():
+            y = self.step(node, "where", [const(self.fresh("zero"), e == 0), self.scalar(1.0), y])
+        self.emit(node, "reshape", [y], {"shape": list(y.type.shape)})
 
     def reduction(self, node, op, a, x):
         rank = len(x.type.shape)

@@ -211,15 +211,17 @@ def test_gather_out_of_range_gives_zeros(tmp_path):
     assert np.array_equal(y[0][0, :4], table[3])
 
 
-def test_power_of_negative_numbers(tmp_path):
+def test_power_of_negative_numbers_and_zero(tmp_path):
     """Integer powers keep the sign (x^3 of -2 is -8, x^-2 of -2 is 0.25);
-    a non-integer power of a negative number is NaN; as onnxruntime."""
+    a non-integer power of a negative number is NaN; x^0 is 1 for 0 and
+    NaN too; as onnxruntime."""
     n = helper.make_node
-    m = make_model([n("Pow", ["x", "e"], ["y"])], [("x", [1, 4])], [("y", [1, 4])],
-                   {"e": np.float32([3, -2, 1.5, 0.5])}, opset=13)
-    x = np.float32([[-2, -2, -4, -9]])
+    m = make_model([n("Pow", ["x", "e"], ["y"])], [("x", [1, 6])], [("y", [1, 6])],
+                   {"e": np.float32([3, -2, 1.5, 0.5, 0, 0])}, opset=13)
+    x = np.float32([[-2, -2, -4, -9, 0, np.nan]])
     for _, got, want, _ in run_both(m, tmp_path, [x]):
-        assert np.allclose(got[0][:, :2], [[-8, 0.25]]) and np.isnan(got[0][:, 2:]).all()
+        assert np.allclose(got[0][:, :2], [[-8, 0.25]]) and np.isnan(got[0][:, 2:4]).all()
+        assert np.array_equal(got[0][:, 4:], [[1, 1]])
         assert np.array_equal(np.isnan(got[0]), np.isnan(want[0]))
 
 
