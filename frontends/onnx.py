@@ -34,13 +34,12 @@ MIN_OPSET = 13
 # ONNX ops kmlc compiles to kernels.
 SUPPORTED = ("Abs", "Add", "And", "ArgMax", "BatchNormalization", "Cast", "CastLike", "Ceil",
              "Clip", "Concat", "Div", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor",
-             "Gather", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "Identity",
-             "HardSigmoid", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log",
-             "LogSoftmax", "MatMul", "Max",
-             "Mean", "Min", "Mul", "Neg", "Not", "Or", "Pow", "Reciprocal", "ReduceL1",
-             "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
-             "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare", "Relu", "Reshape",
-             "Round", "Sigmoid", "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Sum",
+             "Gather", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "HardSigmoid", "Identity",
+             "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "LogSoftmax",
+             "MatMul", "Max", "Mean", "Min", "Mul", "Neg", "Not", "Or", "Pow", "Reciprocal",
+             "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax",
+             "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare", "Relu",
+             "Reshape", "Round", "Sigmoid", "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Sum",
              "Tanh", "Transpose", "Unsqueeze", "Where")
 # Element types of runtime tensors: ONNX's name -> kmlc's.
 ELEM_TYPES = {1: F32, 6: I32, 7: I64, 9: BOOL}   # FLOAT, INT32, INT64, BOOL
@@ -274,6 +273,7 @@ class Importer:
         self.env: dict[str, Value] = {}
         self.known: dict[str, np.ndarray] = {}
         self.producer: dict[Value, Op] = {}
+        self.steps = 0          # intermediates of nodes written as several ops
         self.ops: list[Op] = []
         inputs = []
         for vi in g.input:
@@ -418,14 +418,6 @@ class Importer:
             self.emit(node, _SIMPLE[op], ins)
         elif op in _COMPARE:
             self.emit(node, "compare", ins, {"cmp": _COMPARE[op]})
-        elif op in ("Max", "Min"):
-            if len(ins) == 1:
-                self.emit(node, "reshape", ins, {"shape": list(x.type.shape)})
-            else:   # variadic: a chain of binary ops, left to right, as onnxruntime folds them
-                for i, v in enumerate(ins[1:], 1):
-                    last = i == len(ins) - 1
-                    self.emit(node, op.lower(), [x, v], out=None if last else f"{node.output[0]}#{i}")
-                    x = self.env[node.output[0] if last else f"{node.output[0]}#{i}"]
         elif op == "Cast":
             to = ELEM_TYPES.get(a.get("to"))
             if to is None:
@@ -483,7 +475,7 @@ class Importer:
              last: bool = False) -> Value:
         """One IR op of a node that becomes several; the last one binds the
         node's output."""
-        self.steps = getattr(self, "steps", 0) + 1
+        self.steps += 1
         name = node.output[0] if last else f"{node.output[0]}#{self.steps}"
         self.emit(node, kind, ins, attrs, out=name)
         return self.env[name]
@@ -556,10 +548,13 @@ class Importer:
             to = ins[1].type.dtype
             self.emit(node, "reshape" if to == x.type.dtype else "cast", [x],
                       {"shape": list(x.type.shape)} if to == x.type.dtype else {"to": to.name})
-        elif op in ("Sum", "Mean"):
+        elif op in ("Sum", "Mean", "Max", "Min"):
+            # variadic: a chain of binary ops, left to right, as onnxruntime
+            # folds them; Mean then divides by the count
+            kind = {"Sum": "add", "Mean": "add", "Max": "max", "Min": "min"}[op]
             acc = x
             for i, v in enumerate(ins[1:], 1):
-                acc = self.step(node, "add", [acc, v], last=op == "Sum" and i == len(ins) - 1)
+                acc = self.step(node, kind, [acc, v], last=op != "Mean" and i == len(ins) - 1)
             if op == "Mean" and len(ins) > 1:
                 self.step(node, "div", [acc, self.scalar(len(ins))], last=True)
             elif len(ins) == 1:

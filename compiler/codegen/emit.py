@@ -237,17 +237,16 @@ def reduce_view(k: Kernel) -> dict:
 
 
 def gather_view(k: Kernel) -> dict:
+    """A gather kernel's loops (outer rows o, indices q, inner run r; those
+    of extent 1 dropped) and the spellings of its index, element (row j of
+    x, j the index read) and result."""
     p = k.params
-    zero = ({"o"} if p["outer"] == 1 else set()) | ({"q"} if p["q"] == 1 else set()) | \
-        ({"r"} if p["inner"] == 1 else set())
-    loops = [(v, e) for v, e in (("o", p["outer"]), ("q", p["q"])) if v not in zero]
     n, inner = p["n"], p["inner"]
-    row = idx([("o", n * inner)], zero)
-    xi = (f"{row} + " if row != "0" else "") + ("j" if inner == 1 else f"j * {inner}") + \
-        ("" if "r" in zero else " + r")
-    return {"loops": loops, "vars": [v for v in ("o", "q", "r") if v not in zero],
+    zero = {v for v, e in (("o", p["outer"]), ("q", p["q"]), ("r", inner)) if e == 1}
+    return {"loops": [(v, e) for v, e in (("o", p["outer"]), ("q", p["q"])) if v not in zero],
+            "vars": [v for v in ("o", "q", "r") if v not in zero],
             "I": at("idx", k.operands["idx"], [("q", 1)], zero),
-            "X": f"{cref(k.operands['x']) if k.operands['x'].kind == 'const' else 'x'}[{xi}]",
+            "X": at("x", k.operands["x"], [("o", n * inner), ("j", inner), ("r", 1)], zero),
             "Y": at("y", k.operands["y"], [("o", p["q"] * inner), ("q", inner), ("r", 1)], zero),
             "inner": [] if "r" in zero else [("r", inner)]}
 

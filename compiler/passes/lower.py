@@ -519,8 +519,7 @@ class _Lowering:
         for v in g.outputs:
             r = root(v)
             b = Buffer(self.cname(f"out_{v.name}".lower()), self.io_out, v.type.numel, "output",
-                       offset=off,
-                       value=v.name)
+                       offset=off, value=v.name)
             if r in g.inputs or r.is_const or r in direct:
                 copies.append((r, b))
             else:
