@@ -48,7 +48,9 @@
  *
  * Guards (kml_guard.h, docs/hooks.md): each decision passes them with the
  * primary as the default, under the mirror's lock; a read decided on an
- * A/B arm reports its latency, on whichever leg served it, from end_io().
+ * A/B arm reports its latency, on whichever leg served it, from end_io(),
+ * with the generation of the weight set that decided it (kept in the
+ * bio's data), so that a cost counts for the set its decision ran on.
  *
  * Tracing: the kml_admit_read, kml_admit_done and kml_guard events.
  * dmsetup status: leg health, counters, the guards' counters.
@@ -126,6 +128,7 @@ enum { KML_IO_READ = 1, KML_IO_WRITE, KML_IO_DUP };
 /* Per bio (dm's per-bio data). */
 struct kml_io {
 	u64 start_ns, bytes;
+	u64 gen;			/* read: the weight set's generation that decided it */
 	u32 qlen;			/* its place in the primary's queue */
 	u32 region;
 	u8 kind;
@@ -233,7 +236,7 @@ static int kml_map_read(struct kml_mirror *m, struct bio *bio, struct kml_io *io
 	s32 f[KML_ADMIT_FEATURES];
 	unsigned long flags;
 	u32 qlen, every, arm = KML_GUARD_ARM_NONE;
-	u64 seq, ns = 0;
+	u64 seq, ns = 0, gen = 0;
 	int d, leg = 0;
 
 	if (failed == KML_BOTH_FAILED)
@@ -247,13 +250,13 @@ static int kml_map_read(struct kml_mirror *m, struct bio *bio, struct kml_io *io
 	raw_spin_unlock_irqrestore(&m->lock, flags);
 
 	this_cpu_inc(m->stats->reads);
-	d = kml_decide(f, &ns);
+	d = kml_decide(f, &ns, &gen);
 	if (d >= 0) {
 		this_cpu_inc(m->stats->inferences);
 		this_cpu_add(m->stats->infer_ns, ns);
 		/* the guards: the default is what md raid1 does, the primary */
 		raw_spin_lock_irqsave(&m->lock, flags);
-		leg = kml_guarded_decide(&m->guard, &m->gkey, m->id, d, 0, f, &arm) > 0;
+		leg = kml_guarded_decide(&m->guard, &m->gkey, m->id, d, 0, f, gen, &arm) > 0;
 		raw_spin_unlock_irqrestore(&m->lock, flags);
 	} else if (d != -ENODEV) {
 		this_cpu_inc(m->stats->infer_errors);
@@ -276,6 +279,7 @@ static int kml_map_read(struct kml_mirror *m, struct bio *bio, struct kml_io *io
 	}
 	io->leg = leg;
 	io->arm = arm;
+	io->gen = gen;
 	if (!leg)
 		kml_primary_start(m, io);
 	else
@@ -317,7 +321,8 @@ static int kml_read_done(struct kml_mirror *m, struct bio *bio, struct kml_io *i
 	if (io->arm != KML_GUARD_ARM_NONE && !*error && !io->retried) {
 		/* the benefit guard's cost: the read's latency, on whichever leg */
 		raw_spin_lock_irqsave(&m->lock, flags);
-		kml_guarded_cost(&m->guard, m->id, io->arm, ktime_get_ns() - io->start_ns);
+		kml_guarded_cost(&m->guard, m->id, io->arm, io->gen,
+				 ktime_get_ns() - io->start_ns);
 		raw_spin_unlock_irqrestore(&m->lock, flags);
 	}
 	if (!*error || io->retried || (bio->bi_opf & REQ_RAHEAD) || *error == BLK_STS_NOTSUPP)
@@ -531,7 +536,7 @@ static noinline_for_stack void kml_guard_status(struct kml_mirror *m, char *resu
 	       g.why[KML_WHY_DEMOTED], g.why[KML_WHY_PROBE], g.why[KML_WHY_RATE]);
 	DMEMIT(" periods=%llu demotions=%llu promotions=%llu", g.periods, g.demotions,
 	       g.promotions);
-	DMEMIT(" envelope_trips=%llu demoted=%u", g.env_trips, g.demoted);
+	DMEMIT(" envelope_trips=%llu demoted=%u resets=%llu", g.env_trips, g.demoted, g.resets);
 	*psz = sz;
 }
 

@@ -11,6 +11,23 @@
  * spinlock that serializes the guard, for O(features) work.
  * ktime_get_ns() is safe there; the parameters are read once per step
  * with READ_ONCE(), so a write to them takes effect at the next step.
+ *
+ * Weight sets: a decision comes with the generation of the set its
+ * inference ran on, which kml_set_read_begin() read from the same
+ * published struct kml_set_ref as the set itself, under the inference's
+ * RCU-sched read side; the hook hands it over by value (the per-CPU
+ * buffer, read with interrupts still off, or the work item's buffer) and
+ * keeps it beside the decision's arm for its cost.  kml_guard_decide()
+ * compares it with the guard's own generation, and resets the benefit
+ * state for a later one, under the same raw spinlock as every other step
+ * of the guard: struct kml_guard is only ever touched under that lock, and
+ * the writer (kml_swap.c) never touches it, so nothing else can race with
+ * the check or the reset and no new lock is needed.  The reset is
+ * O(KML_GUARD_MAX_PERIODS) stores: no sleeping, no allocation, fine in a
+ * kprobe, a tracepoint probe or an I/O completion.  Decisions reach the
+ * guard in lock order, not in the order their inferences read the set: a
+ * generation below the guard's is a decision that read the set before a
+ * publish, and changes nothing (kml_guard.h).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -76,7 +93,7 @@ static void kml_guard_cfg_read(struct kml_guard_cfg *c)
 }
 
 s32 kml_guarded_decide(struct kml_guarded *gd, struct kml_guard_key *k, u64 key, s32 model,
-		       s32 dflt, const s32 *f, u32 *arm)
+		       s32 dflt, const s32 *f, u64 gen, u32 *arm)
 {
 	struct kml_guard_cfg c;
 	u64 now = ktime_get_ns();
@@ -88,20 +105,21 @@ s32 kml_guarded_decide(struct kml_guarded *gd, struct kml_guard_key *k, u64 key,
 	if (c.envelope_pct)
 		outside = kml_guard_outside(f, kml_model_envelope(0), kml_model_envelope(1),
 					    KML_MODEL_INPUTS);
-	d = kml_guard_decide(&gd->g, &c, k, model, dflt, outside, now, arm, &why);
-	trace_kml_guard(gd->id, gd->seq++, key, 0, model, dflt, outside | (c.shadow ? 2 : 0), now,
-			d, why, *arm, kml_guard_state(&gd->g));
+	d = kml_guard_decide(&gd->g, &c, k, model, dflt, outside, gen, now, arm, &why);
+	/* kind 0, flags: bit 0 outside, bit 1 shadow (kml_guard_trace.h) */
+	trace_kml_guard(gd->id, gd->seq++, key, gen, (outside | (c.shadow ? 2 : 0)) << 1, model,
+			dflt, now, d, why, *arm, kml_guard_state(&gd->g));
 	return d;
 }
 
-void kml_guarded_cost(struct kml_guarded *gd, u64 key, u32 arm, u64 cost)
+void kml_guarded_cost(struct kml_guarded *gd, u64 key, u32 arm, u64 gen, u64 cost)
 {
 	struct kml_guard_cfg c;
 	bool ended;
 
 	kml_guard_cfg_read(&c);
-	ended = kml_guard_cost(&gd->g, &c, arm, cost);
-	trace_kml_guard(gd->id, gd->seq++, key, 1, 0, 0, 0, cost, ended, 0, arm,
+	ended = kml_guard_cost(&gd->g, &c, arm, gen, cost);
+	trace_kml_guard(gd->id, gd->seq++, key, gen, 1, 0, 0, cost, ended, 0, arm,
 			kml_guard_state(&gd->g));
 }
 
@@ -120,5 +138,6 @@ void kml_guard_show(struct seq_file *m, const struct kml_guard_counts *g)
 		   g->periods, g->demotions, g->promotions);
 	seq_printf(m, "guard_envelope_trips %llu\nguard_envelope_clears %llu\n", g->env_trips,
 		   g->env_clears);
+	seq_printf(m, "guard_resets %llu\n", g->resets);
 	seq_printf(m, "guard_demoted %u\nguard_tripped %u\n", g->demoted, g->tripped);
 }

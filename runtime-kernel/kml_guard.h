@@ -47,6 +47,21 @@
  *
  * A parameter of 0 turns its guard off (benefit_every, envelope_pct,
  * rate_ms, shadow).
+ *
+ * Weight sets.  A verdict is about one weight set.  Each decision carries
+ * the generation of the set it ran on (kml_weights.h: every publish of a
+ * set, a rollback included, has a later one), and each cost the generation
+ * of its decision.  The guard takes its first decision's generation; a
+ * decision under a later one first resets the benefit state (trust,
+ * trial, the arms' costs, the window, the alternation) to a freshly loaded
+ * model's, so that with benefit_trial the new set goes on trial, and counts
+ * the reset (resets; neither a promotion nor a demotion).  A cost of
+ * another generation is not counted, nor is a decision under an earlier
+ * one taken as a change of set: on SMP, an inference that read the set
+ * just before a publish can reach the guard just after a decision on the
+ * new set, and its cost then counts for neither set.  The shadow,
+ * envelope and rate guards judge the inputs and the keys, not the
+ * weights: a new set leaves their state as it is.
  */
 #ifndef KML_GUARD_H
 #define KML_GUARD_H
@@ -115,8 +130,10 @@ struct kml_guard {
 	u64 win_cost[KML_GUARD_MAX_PERIODS][2];
 	u32 win_n[KML_GUARD_MAX_PERIODS][2];
 	u32 win_head, win_len;
+	u64 gen;			/* the weight set's generation the benefit state is about */
 	u64 why[KML_WHYS];
 	u64 periods, demotions, promotions, env_trips, env_clears;
+	u64 resets;			/* the benefit state reset for a later generation */
 };
 
 /* Per key (file, mirror, mount), for the rate guard. */
@@ -129,7 +146,7 @@ struct kml_guard_key {
 /* What the guards counted, copied out under the guard's lock (debugfs, dmsetup status). */
 struct kml_guard_counts {
 	u64 decisions, why[KML_WHYS];
-	u64 periods, demotions, promotions, env_trips, env_clears;
+	u64 periods, demotions, promotions, env_trips, env_clears, resets;
 	u32 demoted, tripped;
 };
 
@@ -145,6 +162,7 @@ static inline void kml_guard_counts(const struct kml_guard *g, struct kml_guard_
 	n->promotions = g->promotions;
 	n->env_trips = g->env_trips;
 	n->env_clears = g->env_clears;
+	n->resets = g->resets;
 	n->demoted = g->demoted;
 	n->tripped = g->env_tripped;
 }
@@ -202,20 +220,53 @@ static inline void kml_guard_envelope(struct kml_guard *g, const struct kml_guar
 }
 
 /*
+ * The benefit state as a freshly loaded model has it, for a weight set of
+ * a later generation; counted.  O(KML_GUARD_MAX_PERIODS): it clears the
+ * window.
+ */
+static inline void kml_guard_renew(struct kml_guard *g)
+{
+	g->differ = 0;
+	g->cost[0] = 0;
+	g->cost[1] = 0;
+	g->n[0] = 0;
+	g->n[1] = 0;
+	g->demoted = 0;
+	g->judged = 0;
+	__builtin_memset(g->win_cost, 0, sizeof(g->win_cost));
+	__builtin_memset(g->win_n, 0, sizeof(g->win_n));
+	g->win_head = 0;
+	g->win_len = 0;
+	g->resets++;
+}
+
+/*
  * The decision to apply for the model's decision model (dflt: the
  * kernel's own) at time now (ns), for key k (NULL: no rate guard); outside:
- * the decision's features lie outside the envelope.  *arm: whose cost the
- * decision reports (KML_GUARD_ARM_*); *why: what decided it.
+ * the decision's features lie outside the envelope; gen: the generation of
+ * the weight set the model decided with.  *arm: whose cost the decision
+ * reports (KML_GUARD_ARM_*), with gen; *why: what decided it.
  */
 static inline s32 kml_guard_decide(struct kml_guard *g, const struct kml_guard_cfg *c,
 				   struct kml_guard_key *k, s32 model, s32 dflt, bool outside,
-				   u64 now, u32 *arm, u32 *why)
+				   u64 gen, u64 now, u32 *arm, u32 *why)
 {
 	u64 rate_ns = (u64)c->rate_ms * 1000000;
 	u32 a = KML_GUARD_ARM_NONE, w = KML_WHY_MODEL, every;
 	s32 d = model;
 	bool minority, held, trial;
 
+	/*
+	 * A later set than the one the benefit state is about: judged afresh.
+	 * The generation came with the decision, read with its set; the
+	 * caller's lock, which serializes the guard's steps, covers the
+	 * check and the reset (kml_guard.c).
+	 */
+	if (gen > g->gen) {
+		if (g->decisions)	/* the first decision's set is the guard's own */
+			kml_guard_renew(g);
+		g->gen = gen;
+	}
 	g->decisions++;
 	kml_guard_envelope(g, c, outside);
 	if (c->shadow) {
@@ -265,12 +316,13 @@ static inline s32 kml_guard_decide(struct kml_guard *g, const struct kml_guard_c
 }
 
 /*
- * The cost of a decision made on arm (lower is better; saturated to
- * KML_GUARD_COST_MAX).  Returns true when the cost ended a period (and
- * the model may have been demoted or trusted again).
+ * The cost of a decision made on arm under generation gen (lower is
+ * better; saturated to KML_GUARD_COST_MAX); one of another generation
+ * than the benefit state's is not counted.  Returns true when the cost
+ * ended a period (and the model may have been demoted or trusted again).
  */
 static inline bool kml_guard_cost(struct kml_guard *g, const struct kml_guard_cfg *c, u32 arm,
-				  u64 cost)
+				  u64 gen, u64 cost)
 {
 	u32 samples = c->benefit_samples ? c->benefit_samples : 1;
 	u32 periods = c->benefit_periods ? c->benefit_periods : 1;
@@ -278,7 +330,8 @@ static inline bool kml_guard_cost(struct kml_guard *g, const struct kml_guard_cf
 	u32 n[2] = { 0, 0 }, i, k, a;
 	bool trust, trial;
 
-	if (!c->benefit_every || arm > KML_GUARD_ARM_DEFAULT || g->n[arm] >= KML_GUARD_ARM_MAX)
+	if (!c->benefit_every || arm > KML_GUARD_ARM_DEFAULT || gen != g->gen ||
+	    g->n[arm] >= KML_GUARD_ARM_MAX)
 		return false;
 	g->cost[arm] += cost < KML_GUARD_COST_MAX ? cost : KML_GUARD_COST_MAX;
 	g->n[arm]++;

@@ -17,6 +17,13 @@
  *   why	kind 0: what decided (enum kml_guard_why)
  *   arm	the A/B arm (KML_GUARD_ARM_*)
  *   state	after the step: KML_GUARD_DEMOTED_BIT, KML_GUARD_TRIPPED_BIT
+ *   gen	kind 0: the generation of the weight set the model decided with
+ *		(kml_weights.h), kind 1: that of the decision whose cost it is;
+ *		a decision under a later one than the guard's reset its benefit
+ *		state first (kml_guard.h)
+ *
+ * A tracepoint takes at most 12 arguments (BPF's raw tracepoints): kind
+ * and flags come as one, kf, the kind in bit 0 and the flags above it.
  *
  * Replay (kmlc.hooks.guard) reads these fields by the names printed here:
  * this header is the one definition of the format.
@@ -30,13 +37,14 @@
 #include <linux/tracepoint.h>
 
 TRACE_EVENT(kml_guard,
-	    TP_PROTO(u64 guard, u64 seq, u64 key, u32 kind, s32 model, s32 dflt, u32 flags,
+	    TP_PROTO(u64 guard, u64 seq, u64 key, u64 gen, u32 kf, s32 model, s32 dflt,
 		     u64 value, s32 applied, u32 why, u32 arm, u32 state),
-	    TP_ARGS(guard, seq, key, kind, model, dflt, flags, value, applied, why, arm, state),
+	    TP_ARGS(guard, seq, key, gen, kf, model, dflt, value, applied, why, arm, state),
 	    TP_STRUCT__entry(__field(u64, guard)
 			     __field(u64, seq)
 			     __field(u64, key)
 			     __field(u64, value)
+			     __field(u64, gen)
 			     __field(u32, kind)
 			     __field(s32, model)
 			     __field(s32, dflt)
@@ -49,18 +57,19 @@ TRACE_EVENT(kml_guard,
 			   __entry->seq = seq;
 			   __entry->key = key;
 			   __entry->value = value;
-			   __entry->kind = kind;
+			   __entry->gen = gen;
+			   __entry->kind = kf & 1;
 			   __entry->model = model;
 			   __entry->dflt = dflt;
-			   __entry->flags = flags;
+			   __entry->flags = kf >> 1;
 			   __entry->applied = applied;
 			   __entry->why = why;
 			   __entry->arm = arm;
 			   __entry->state = state),
-	    TP_printk("guard=%llu seq=%llu key=%llu kind=%u model=%d dflt=%d flags=%u value=%llu applied=%d why=%u arm=%u state=%u",
+	    TP_printk("guard=%llu seq=%llu key=%llu kind=%u model=%d dflt=%d flags=%u value=%llu applied=%d why=%u arm=%u state=%u gen=%llu",
 		      __entry->guard, __entry->seq, __entry->key, __entry->kind, __entry->model,
 		      __entry->dflt, __entry->flags, __entry->value, __entry->applied,
-		      __entry->why, __entry->arm, __entry->state)
+		      __entry->why, __entry->arm, __entry->state, __entry->gen)
 );
 
 #endif /* KML_GUARD_TRACE_H */

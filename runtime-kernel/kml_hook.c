@@ -44,7 +44,7 @@ bool kml_attached(void)
 	return rcu_access_pointer(kml_model);
 }
 
-int kml_decide(const s32 *f, u64 *ns)
+int kml_decide(const s32 *f, u64 *ns, u64 *gen)
 {
 	const struct kml_model *m;
 	unsigned long flags;
@@ -59,8 +59,10 @@ int kml_decide(const s32 *f, u64 *ns)
 		ret = m->decide(f, this_cpu_ptr(&kml_bufs));
 		*ns = ktime_get_ns() - t0;
 		/* interrupts are off: this CPU's buffer and counter are ours */
-		if (ret >= 0)
+		if (ret >= 0) {
 			this_cpu_add(kml_saturated, this_cpu_ptr(&kml_bufs)->saturated);
+			*gen = this_cpu_ptr(&kml_bufs)->gen;
+		}
 		local_irq_restore(flags);
 	}
 	rcu_read_unlock();

@@ -50,16 +50,18 @@ bool kml_attached(void);
 /*
  * Runs the attached model on encoded features f: the decision (a class,
  * or 1 decline / 0 admit), -ENODEV when no model is attached, or another
- * negative errno.  Any context but NMI; *ns gets the inference time.
- * Integer (fixed-point) models only: float models run in process context,
- * through kml_decide_with().
+ * negative errno.  Any context but NMI; *ns gets the inference time, *gen
+ * the generation of the weight set it ran on (kml_weights.h), for the
+ * guards.  Integer (fixed-point) models only: float models run in process
+ * context, through kml_decide_with().
  */
-int kml_decide(const s32 *f, u64 *ns);
+int kml_decide(const s32 *f, u64 *ns, u64 *gen);
 
 /*
  * The same with the caller's buffer, for process context (a float model's
- * FPU section).  The caller holds rcu_read_lock() across the decision and
- * its effect, so that a detach waits for both.
+ * FPU section; the set's generation in buf->gen).  The caller holds
+ * rcu_read_lock() across the decision and its effect, so that a detach
+ * waits for both.
  */
 int kml_decide_with(const s32 *f, struct kml_model_buf *buf);
 
@@ -138,16 +140,20 @@ struct kml_guarded {
 
 /*
  * The decision to apply for the model's decision model on features f
- * (dflt: the kernel's; KML_GUARD_KERNEL, what the kernel has), for key k
- * (id key in the trace); *arm: whose cost the decision reports, if any
- * (kml_guarded_cost()).  Any context but NMI; the caller holds the lock
- * that serializes gd and k.  Traced as kml_guard.
+ * (dflt: the kernel's; KML_GUARD_KERNEL, what the kernel has), made with
+ * the weight set of generation gen (kml_decide()), for key k (id key in
+ * the trace); *arm: whose cost the decision reports, if any
+ * (kml_guarded_cost(), with gen).  Any context but NMI; the caller holds
+ * the lock that serializes gd and k.  Traced as kml_guard.
  */
 s32 kml_guarded_decide(struct kml_guarded *gd, struct kml_guard_key *k, u64 key, s32 model,
-		       s32 dflt, const s32 *f, u32 *arm);
+		       s32 dflt, const s32 *f, u64 gen, u32 *arm);
 
-/* The cost of a decision made on arm (lower is better); the same context and lock. */
-void kml_guarded_cost(struct kml_guarded *gd, u64 key, u32 arm, u64 cost);
+/*
+ * The cost of a decision made on arm with the set of generation gen (lower
+ * is better); the same context and lock.
+ */
+void kml_guarded_cost(struct kml_guarded *gd, u64 key, u32 arm, u64 gen, u64 cost);
 
 /* The guard's counters and state, one "name value" line each (kml_guard_counts()). */
 void kml_guard_show(struct seq_file *m, const struct kml_guard_counts *g);

@@ -235,18 +235,20 @@ static struct kml_mount *kml_lookup(struct super_block *sb, struct nfs_server *s
 /* ---- the model ---------------------------------------------------------------------- */
 
 /*
- * The model's class cls for the mount's window, on features f: votes,
- * clamps, and the guards decide the mount's rsize from now on (the voted
- * one or the negotiated one); its lock held, the mount alive.
+ * The model's class cls for the mount's window, on features f, by the
+ * weight set of generation gen: votes, clamps, and the guards decide the
+ * mount's rsize from now on (the voted one or the negotiated one); its
+ * lock held, the mount alive.
  */
-static void kml_nfs_decided(struct kml_mount *m, u64 window, int cls, u64 ns, const s32 *f)
+static void kml_nfs_decided(struct kml_mount *m, u64 window, int cls, u64 gen, u64 ns,
+			    const s32 *f)
 {
 	u32 want = READ_ONCE(rsize[cls]), k = READ_ONCE(vote), voted, arm;
 
 	m->cls = cls;
 	voted = kml_nfs_decide(&m->votes, want, k, m->orig);
 	raw_spin_lock(&kml_guard_lock);
-	m->rsize = kml_guarded_decide(&kml_guard, &m->gk, m->id, voted, m->orig, f, &arm);
+	m->rsize = kml_guarded_decide(&kml_guard, &m->gk, m->id, voted, m->orig, f, gen, &arm);
 	raw_spin_unlock(&kml_guard_lock);
 	this_cpu_inc(kml_counts.inferences);
 	this_cpu_add(kml_counts.infer_ns, ns);
@@ -293,7 +295,7 @@ static void kml_work_fn(struct work_struct *work)
 		cls = kml_decide_with(f, &kml_work_buf);
 		raw_spin_lock_irqsave(&m->lock, flags);
 		if (cls >= 0 && m->key && m->id == id)
-			kml_nfs_decided(m, window, cls, ktime_get_ns() - t0, f);
+			kml_nfs_decided(m, window, cls, kml_work_buf.gen, ktime_get_ns() - t0, f);
 		else if (cls < 0 && cls != -ENODEV)
 			this_cpu_inc(kml_counts.infer_errors);
 		raw_spin_unlock_irqrestore(&m->lock, flags);
@@ -311,8 +313,8 @@ static void kml_nfs_model(struct kml_mount *m, struct super_block *sb, u32 id, u
 {
 	struct nfs_server *server = NFS_SB(sb);
 	unsigned long irq;
-	u64 ns = 0;
-	int cls = kml_decide(f, &ns);
+	u64 ns = 0, gen = 0;
+	int cls = kml_decide(f, &ns, &gen);
 
 	if (cls < 0) {
 		if (cls != -ENODEV)
@@ -321,7 +323,7 @@ static void kml_nfs_model(struct kml_mount *m, struct super_block *sb, u32 id, u
 	}
 	raw_spin_lock_irqsave(&m->lock, irq);
 	if (kml_is(m, sb, server) && m->id == id) {
-		kml_nfs_decided(m, window, cls, ns, f);
+		kml_nfs_decided(m, window, cls, gen, ns, f);
 		kml_nfs_apply(m, server);
 	}
 	raw_spin_unlock_irqrestore(&m->lock, irq);

@@ -43,7 +43,8 @@
  * Guards (kml_guard.h, docs/hooks.md): each class the model picks passes
  * them with the file's own readahead as the default, under the guards'
  * raw spinlock (nested in the set's); the window a decision ran under
- * reports its cost, the time per page the reader consumed (kml_ra_step()).
+ * reports its cost, the time per page the reader consumed (kml_ra_step()),
+ * with the generation of the weight set that made the decision.
  *
  * Tracing: the kml_ra_miss and kml_ra_decision events (kml_ra_trace.h),
  * kml_guard (kml_guard_trace.h).  debugfs (root only): stats (with the
@@ -110,6 +111,7 @@ struct kml_ra_file {
 	u32 set_to;		/* ra_pages the hook last wrote, if changed */
 	s32 cls;		/* the model's last class, -1 none (the guards may apply another) */
 	u32 arm;		/* the A/B arm of the decision in force (kml_guard.h) */
+	u64 gen;		/* and the generation of the weight set that made it */
 	struct kml_guard_key gk;
 	bool changed;		/* the hook wrote set_to into the file */
 	bool hands_off;		/* an explicit choice: never written */
@@ -255,10 +257,12 @@ static u32 kml_ra_apply(struct kml_ra_file *e, int cls)
 
 /*
  * The model's class cls for the window miss seq of file closed, with
- * features f: the guards decide what applies (the class, or the file's
- * own readahead), and it applies while the file is in the table.
+ * features f, by the weight set of generation gen: the guards decide what
+ * applies (the class, or the file's own readahead), and it applies while
+ * the file is in the table.
  */
-static void kml_ra_decided(struct file *file, u64 id, u64 seq, int cls, u64 ns, const s32 *f)
+static void kml_ra_decided(struct file *file, u64 id, u64 seq, int cls, u64 gen, u64 ns,
+			   const s32 *f)
 {
 	struct kml_ra_set *set = kml_set_of(file);
 	struct kml_ra_file *e;
@@ -279,8 +283,9 @@ static void kml_ra_decided(struct file *file, u64 id, u64 seq, int cls, u64 ns, 
 		if (!e->hands_off) {
 			raw_spin_lock(&kml_guard_lock);
 			d = kml_guarded_decide(&kml_guard, &e->gk, id, cls, KML_GUARD_KERNEL, f,
-					       &e->arm);
+					       gen, &e->arm);
 			raw_spin_unlock(&kml_guard_lock);
+			e->gen = gen;
 		}
 		pages = kml_ra_apply(e, d);
 	}
@@ -324,7 +329,8 @@ static void kml_work_fn(struct work_struct *work)
 			rcu_read_lock();
 			t0 = ktime_get_ns();
 			cls = kml_decide_with(f, &kml_work_buf);
-			kml_ra_decided(file, id, seq, cls, ktime_get_ns() - t0, f);
+			kml_ra_decided(file, id, seq, cls, kml_work_buf.gen,
+				       ktime_get_ns() - t0, f);
 			rcu_read_unlock();
 		}
 	}
@@ -337,10 +343,10 @@ static DECLARE_WORK(kml_work, kml_work_fn);
 /* The fixed-point model, inline: decided and applied now. */
 static void kml_ra_model(struct file *file, u64 id, u64 seq, const s32 *f)
 {
-	u64 ns = 0;
-	int cls = kml_decide(f, &ns);
+	u64 ns = 0, gen = 0;
+	int cls = kml_decide(f, &ns, &gen);
 
-	kml_ra_decided(file, id, seq, cls, ns, f);
+	kml_ra_decided(file, id, seq, cls, gen, ns, f);
 }
 #else
 /* The float model, in process context: the work item finds the window pending. */
@@ -393,7 +399,7 @@ static void kml_ra_miss(struct file *file, u64 index, u32 kind)
 	if (closes && e->arm != KML_GUARD_ARM_NONE) {
 		/* the window ran under the decision of the one before: its cost */
 		raw_spin_lock(&kml_guard_lock);
-		kml_guarded_cost(&kml_guard, id, e->arm, cost);
+		kml_guarded_cost(&kml_guard, id, e->arm, e->gen, cost);
 		raw_spin_unlock(&kml_guard_lock);
 		e->arm = KML_GUARD_ARM_NONE;
 	}

@@ -21,7 +21,15 @@
  * inference uses exactly one set.  Writers serialize on kml_swap_lock,
  * publish with rcu_assign_pointer() and wait with synchronize_rcu() before
  * freeing the set they replaced, so a set is freed only once no inference
- * can hold it.  The set before the running one is kept for rollback.  All
+ * can hold it.  The set before the running one is kept for rollback.
+ *
+ * Each publish, a new set or a rollback, is a new generation (a counter,
+ * not the blob's version: a rollback brings back an old version as a new
+ * generation).  The pointer inferences read is a struct kml_set_ref, the
+ * set and its generation together, so a decision knows which publish it
+ * ran on and a hook's benefit guard judges each generation afresh
+ * (kml_guard.h).  The two refs below alternate, so publishing allocates
+ * nothing beyond the set itself (a rollback, nothing at all).  All
  * of this runs in process context (sysfs writes and module init/exit),
  * where kvmalloc(GFP_KERNEL), mutex_lock() and synchronize_rcu() may sleep.
  */
@@ -38,7 +46,7 @@
 #include "kml_swap.h"
 
 static const struct kml_set_desc *kml_desc;
-static const void __rcu **kml_current;
+static const struct kml_set_ref __rcu **kml_current;
 
 static DEFINE_MUTEX(kml_swap_lock);	/* everything below */
 static u8 *kml_stage;			/* the blob being written */
@@ -46,11 +54,22 @@ static size_t kml_staged;		/* its bytes so far */
 static void *kml_cur, *kml_prev;	/* the running set and the one before (NULL: compiled) */
 static u32 kml_cur_version, kml_prev_version;
 static bool kml_have_prev;
+static u64 kml_generation;		/* the last publish's (0: none, the compiled set) */
+static struct kml_set_ref kml_refs[2];	/* what is published: they alternate */
 
-/* Makes set the one inferences read, and waits until none reads the one before. */
+/*
+ * Makes set the one inferences read, as a new generation, and waits until
+ * none reads the ref before.  The ref filled here was last published two
+ * publishes ago (or never): the synchronize_rcu() of the publish since
+ * has waited out every reader that could still hold it.
+ */
 static void kml_publish(void *set)
 {
-	rcu_assign_pointer(*kml_current, set);
+	struct kml_set_ref *r = &kml_refs[++kml_generation & 1];
+
+	r->set = set;
+	r->gen = kml_generation;
+	rcu_assign_pointer(*kml_current, r);
 	synchronize_rcu();
 }
 
@@ -77,7 +96,8 @@ static int kml_take(const u8 *blob, size_t len)
 	kml_cur = set;
 	kml_cur_version = version;
 	kml_publish(set);
-	pr_info("weights: version %u in use (rollback restores %u)\n", version, kml_prev_version);
+	pr_info("weights: version %u in use, generation %llu (rollback restores %u)\n", version,
+		kml_generation, kml_prev_version);
 	return 0;
 }
 
@@ -158,7 +178,8 @@ static ssize_t rollback_store(struct kobject *kobj, struct kobj_attribute *attr,
 	kml_have_prev = false;
 	kml_publish(kml_cur);
 	kvfree(gone);
-	pr_info("weights: rolled back to version %u\n", kml_cur_version);
+	pr_info("weights: rolled back to version %u, generation %llu\n", kml_cur_version,
+		kml_generation);
 	mutex_unlock(&kml_swap_lock);
 	return count;
 }
@@ -181,7 +202,7 @@ static const struct attribute_group kml_swap_group = {
 	.bin_attrs = kml_swap_bin_attrs,
 };
 
-int kml_swap_init(const struct kml_set_desc *desc, const void __rcu **cur)
+int kml_swap_init(const struct kml_set_desc *desc, const struct kml_set_ref __rcu **cur)
 {
 	kml_desc = desc;
 	kml_current = cur;

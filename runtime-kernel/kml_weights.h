@@ -312,26 +312,46 @@ static inline int kml_set_check(const struct kml_set_desc *d, const u8 *blob,
 }
 
 /*
+ * What a module (kml_swap.c) or the twin (Twin.load_weights) publishes:
+ * the set inferences run, NULL for the compiled one, and the generation of
+ * that publish.  Each publish (a new set, a rollback, in the twin also a
+ * return to the compiled set) has a generation above every earlier one,
+ * even where the set is one that ran before; the compiled set at load is
+ * generation 0.  A decision carries the generation of the set it ran on,
+ * and a hook's benefit guard judges one generation at a time (kml_guard.h).
+ */
+struct kml_set_ref {
+	const void *set;
+	u64 gen;
+};
+
+/*
  * The set an inference runs: the one published in *cur, or builtin while
- * none is (NULL).  In the kernel the reader holds RCU-sched from here to
+ * none is (NULL); *gen (unless gen is NULL) gets its generation, read from
+ * the same published ref, so that set and generation always belong
+ * together.  In the kernel the reader holds RCU-sched from here to
  * kml_set_read_end(), for the whole inference, so that it uses exactly one
  * set: rcu_read_lock_sched_notrace() only disables preemption, which any
  * context may do, NMI included (Documentation/RCU/NMI-RCU.rst), and the
- * writer (kml_swap.c) frees a replaced set only after synchronize_rcu(),
- * which waits for RCU-sched readers too (the flavours are one since v5.0).
- * In the twin, *cur is the set Twin.load_weights() loaded (one twin, one thread).
+ * writer (kml_swap.c) reuses a ref or frees a replaced set only after
+ * synchronize_rcu(), which waits for RCU-sched readers too (the flavours
+ * are one since v5.0).  In the twin, *cur is what Twin.load_weights()
+ * published (one twin, one thread).
  */
-static inline const void *kml_set_read_begin(const void __rcu *const *cur, const void *builtin)
+static inline const void *kml_set_read_begin(const struct kml_set_ref __rcu *const *cur,
+					     const void *builtin, u64 *gen)
 {
-#ifdef __KERNEL__
-	const void *p;
+	const struct kml_set_ref *r;
 
+#ifdef __KERNEL__
 	rcu_read_lock_sched_notrace();
-	p = rcu_dereference_sched(*cur);
-	return p ? p : builtin;
+	r = rcu_dereference_sched(*cur);
 #else
-	return *cur ? *cur : builtin;
+	r = *cur;
 #endif
+	if (gen)
+		*gen = r ? r->gen : 0;
+	return r && r->set ? r->set : builtin;
 }
 
 static inline void kml_set_read_end(void)

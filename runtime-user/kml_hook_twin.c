@@ -39,6 +39,18 @@ const u8 *kml_twin_frac(void)
 	return kml_model_frac();
 }
 
+u64 kml_twin_decided_gen(const void *buf);
+
+/*
+ * The generation of the weight set the last decision on buf ran on, as
+ * kml_set_read_begin() read it with the set (the module's kml_decide()
+ * hands the same to its guards).
+ */
+u64 kml_twin_decided_gen(const void *buf)
+{
+	return ((const struct kml_model_buf *)buf)->gen;
+}
+
 /* ---- the guards (kml_guard.h), as the module runs them ----------------------------- */
 
 const unsigned long kml_twin_guard_size = sizeof(struct kml_guard);
@@ -51,10 +63,12 @@ u32 kml_twin_guard_state(const void *g);
 
 /*
  * n steps of one guard, as the module takes them (kml_guarded_decide(),
- * kml_guarded_cost()): rows {kind, key, model, dflt, x, value}, kind 0 a
- * decision (x: bit 0 its features lie outside the envelope, bit 1 shadow
- * mode is on whatever cfg says, as a trace records it; value: the time,
- * ns), kind 1 a cost (x: the arm; value: the cost); key indexes keys.
+ * kml_guarded_cost()): rows {kind, key, model, dflt, x, value, gen}, kind
+ * 0 a decision (x: bit 0 its features lie outside the envelope, bit 1
+ * shadow mode is on whatever cfg says, as a trace records it; value: the
+ * time, ns; gen: the generation of the weight set that made it), kind 1 a
+ * cost (x: the arm; value: the cost; gen: its decision's generation); key
+ * indexes keys.
  * cfg: the KML_GUARD_CFG_WORDS parameters in struct kml_guard_cfg's order.
  * g (kml_twin_guard_size bytes) and keys (nkeys of
  * kml_twin_guard_key_size) hold the guard's state from call to call: zero
@@ -74,17 +88,18 @@ long kml_twin_guard(const s64 *rows, unsigned long n, const u32 *cfg, void *g, v
 	u32 arm, why, shadow = c.shadow;
 	unsigned long i;
 
-	for (i = 0; i < n; i++, rows += 6, out += 4) {
+	for (i = 0; i < n; i++, rows += 7, out += 4) {
 		if (rows[1] < 0 || (unsigned long)rows[1] >= nkeys || rows[0] < 0 || rows[0] > 1)
 			return -EINVAL;
 		if (rows[0] == 0) {
 			c.shadow = shadow || (rows[4] & 2);
 			out[0] = kml_guard_decide(g, &c, &k[rows[1]], (s32)rows[2], (s32)rows[3],
-						  rows[4] & 1, (u64)rows[5], &arm, &why);
+						  rows[4] & 1, (u64)rows[6], (u64)rows[5], &arm,
+						  &why);
 			out[1] = why;
 			out[2] = arm;
 		} else {
-			out[0] = kml_guard_cost(g, &c, (u32)rows[4], (u64)rows[5]);
+			out[0] = kml_guard_cost(g, &c, (u32)rows[4], (u64)rows[6], (u64)rows[5]);
 			out[1] = 0;
 			out[2] = rows[4];
 		}
@@ -96,7 +111,7 @@ long kml_twin_guard(const s64 *rows, unsigned long n, const u32 *cfg, void *g, v
 /*
  * The guard's counters: the decisions by what decided them
  * (KML_WHYS), then periods, demotions, promotions, envelope trips
- * and clears.
+ * and clears, and the benefit state's resets for a new weight set.
  */
 void kml_twin_guard_counters(const void *g, u64 *out)
 {
@@ -110,7 +125,8 @@ void kml_twin_guard_counters(const void *g, u64 *out)
 	out[i++] = s.demotions;
 	out[i++] = s.promotions;
 	out[i++] = s.env_trips;
-	out[i] = s.env_clears;
+	out[i++] = s.env_clears;
+	out[i] = s.resets;
 }
 
 /* The guard's state: kml_guard_state()'s bits. */

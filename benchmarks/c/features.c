@@ -120,9 +120,9 @@ __attribute__((noinline)) int kml_bench_guard_step(struct kml_guard *g,
 	static const s32 hi[KML_RA_FEATURES] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20 };
 	bool outside = c->envelope_pct && kml_guard_outside(f, lo, hi, KML_RA_FEATURES);
 	u32 arm, why;
-	s32 d = kml_guard_decide(g, c, k, model, KML_GUARD_KERNEL, outside, now, &arm, &why);
+	s32 d = kml_guard_decide(g, c, k, model, KML_GUARD_KERNEL, outside, 0, now, &arm, &why);
 
-	return kml_guard_cost(g, c, arm, cost) + d;
+	return kml_guard_cost(g, c, arm, 0, cost) + d;
 }
 
 static long run_guard(const struct ra_ev *ev, long n, const struct kml_guard_cfg *c, double *ns)

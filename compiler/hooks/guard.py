@@ -141,7 +141,7 @@ def binding(prog) -> dict:
 
 # ---- trace and replay ------------------------------------------------------------------
 
-FIELDS = 12   # the kml_guard event's values
+FIELDS = 13   # the kml_guard event's values
 
 
 def parse(text: str) -> dict[int, np.ndarray]:
@@ -157,11 +157,14 @@ def parse(text: str) -> dict[int, np.ndarray]:
 
 def replay(twin, rows: np.ndarray, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
     """One guard's trace rows through the twin's guard (a fresh one, with
-    ``cfg``; shadow mode as each row records it): the module's {applied,
-    why, arm, state} per row, and the twin's."""
+    ``cfg``; shadow mode as each row records it; each step under the
+    weight-set generation it records, so that a swap resets the benefit
+    state where the module's did): the module's {applied, why, arm, state}
+    per row, and the twin's."""
     keys = {k: i for i, k in enumerate(dict.fromkeys(rows[:, 2].tolist()))}
     steps = np.stack([rows[:, 3], [keys[k] for k in rows[:, 2]], rows[:, 4], rows[:, 5],
-                      np.where(rows[:, 3] == 0, rows[:, 6], rows[:, 10]), rows[:, 7]], 1)
+                      np.where(rows[:, 3] == 0, rows[:, 6], rows[:, 10]), rows[:, 7],
+                      rows[:, 12]], 1)
     got = twin.guard(steps, dict(cfg, shadow=0), nkeys=len(keys))
     mod = rows[:, [8, 9, 10, 11]].astype(np.int64)
     return mod, got
@@ -193,6 +196,9 @@ def replay_verdicts(module: str, tag: str, text: str, twin) -> list[str]:
         bad = np.flatnonzero(np.any(mod != got, axis=1))
         why = np.bincount(got[rows[:, 3] == 0, 1], minlength=len(WHY))
         counts = ", ".join(f"{n} {w}" for n, w in zip(why, WHY) if n)
+        gens = len(set(rows[rows[:, 3] == 0, 12].tolist()))
+        if gens > 1:
+            counts += f"; decisions of {gens} weight-set generations"
         if len(bad):
             i = bad[0]
             out.append(f"{name} FAIL step {i}: module {mod[i].tolist()}, twin {got[i].tolist()} "

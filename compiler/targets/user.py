@@ -161,6 +161,10 @@ class Twin:
         self.weight_bytes = sizes[6]
         self._weights = None                       # the set's image, None: built-in
         self.weights_version = None
+        # each publish (a set loaded, or the built-in one again) is a new
+        # generation, as each write to the module's weights or rollback is
+        self.weights_generation = 0
+        self._refs: list[np.ndarray] = []
         if weights is not None:
             self.load_weights(weights)
         self.saturations = 0                       # values saturated, over every run
@@ -172,8 +176,10 @@ class Twin:
     def load_weights(self, weights) -> None:
         """Run on the weight set in ``weights`` (a ``.kmlw`` blob's path or
         bytes, from ``kmlc pack``) instead of the built-in one; None goes
-        back to the built-in set.  A blob for another structure, truncated
-        or corrupted is refused and the current set stays."""
+        back to the built-in set.  Either publishes a new generation
+        (``weights_generation``; the hook's guards judge the set afresh,
+        docs/hooks.md).  A blob for another structure, truncated or
+        corrupted is refused and the current set (and generation) stays."""
         if weights is None:
             self._weights, self.weights_version = None, None
             self._publish()
@@ -189,12 +195,17 @@ class Twin:
         self._publish()
 
     def _publish(self) -> None:
-        """Points the library's kml_<name>_current at the loaded set (NULL:
-        the built-in one), as the module's weights attribute publishes it:
+        """Points the library's kml_<name>_current at a struct kml_set_ref
+        (kml_weights.h) holding the loaded set (NULL: the built-in one) and
+        a new generation, as the module's weights attribute publishes one:
         every entry point that reads the current set (the hooks' decide and
         replay, kml_<name>_infer) then runs on it."""
+        self.weights_generation += 1
+        ref = np.array([0 if self._weights is None else self._weights.ctypes.data,
+                        self.weights_generation], dtype=np.uint64)
         cur = ctypes.c_void_p.in_dll(self.lib, f"kml_{self.name}_current")
-        cur.value = None if self._weights is None else self._weights.ctypes.data
+        cur.value = ref.ctypes.data
+        self._refs = [ref]          # what the library points at stays alive
 
     def check_set(self, blob: bytes, what: str = "weights blob") -> tuple[np.ndarray, int]:
         """The weight set in ``blob`` (8-byte aligned words holding the
@@ -408,15 +419,27 @@ class Twin:
             raise KmlcError(f"kml_twin_decide returned {ret}")
         return out
 
+    @property
+    def decided_generation(self) -> int:
+        """The weight-set generation the last ``decide`` ran on, as the
+        decision's own C read it with the set (what the module's hooks hand
+        their guards); ``weights_generation`` unless it ran before a load."""
+        self._need_hook()
+        fn = self.lib.kml_twin_decided_gen
+        fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_uint64
+        return int(fn(self._buf().ctypes.data))
+
     def guard(self, steps, cfg: dict | None = None, nkeys: int = 1) -> np.ndarray:
-        """Steps of a new guard (rows {kind, key, model, dflt, x, value}, as
-        ``TwinGuard.steps`` takes them) with ``cfg`` (default: the compiled
-        one): {applied, why, arm, state} per row."""
+        """Steps of a new guard (rows {kind, key, model, dflt, x, value[,
+        gen]}, as ``TwinGuard.steps`` takes them) with ``cfg`` (default: the
+        compiled one): {applied, why, arm, state} per row."""
         return TwinGuard(self, cfg, nkeys).steps(steps)
 
     def guard_session(self, cfg: dict | None = None, nkeys: int = 1) -> "TwinGuard":
         """A guard whose state lasts from call to call: for a simulator
-        that evaluates the guarded policy one decision at a time."""
+        that evaluates the guarded policy one decision at a time.  Its
+        decisions are made under the twin's current weight set: one loaded
+        since (``load_weights``) is judged afresh, as in the module."""
         return TwinGuard(self, cfg, nkeys)
 
     def _need_hook(self) -> None:
@@ -452,15 +475,25 @@ class TwinGuard:
     the module's own C in the twin: ``decide`` and ``cost`` are the
     module's kml_guarded_decide() and kml_guarded_cost() without the clock
     and the envelope check, which the caller supplies (``now``, ``outside``).
-    Keys (files, mirrors, mounts) are numbered 0..nkeys-1."""
+    Keys (files, mirrors, mounts) are numbered 0..nkeys-1.
+
+    Weight sets: a decision is made under the twin's current generation
+    (``Twin.weights_generation``), and a decision under a later one than
+    the guard's resets its benefit state (counted as ``resets``); a cost
+    counts only for the generation its decision was made under, by default
+    the session's last decision's (``generation``).  A simulator whose costs
+    arrive after later decisions, across a swap, passes each cost the
+    ``generation`` its decision left."""
     COUNTERS = ("model", "shadow", "envelope", "control", "demoted", "probe", "rate",
-                "periods", "demotions", "promotions", "envelope_trips", "envelope_clears")
+                "periods", "demotions", "promotions", "envelope_trips", "envelope_clears",
+                "resets")
 
     def __init__(self, twin: Twin, cfg: dict | None, nkeys: int):
         from ..hooks import guard as G
 
         twin._need_hook()
-        self.lib = twin.lib
+        self.twin, self.lib = twin, twin.lib
+        self.generation = 0     # its last decision's weight-set generation (0: none yet)
         base = {**G.defaults(), **(twin.meta.get("guard") or {})}
         unknown = set(cfg or {}) - set(G.PARAMS)
         if unknown:
@@ -478,30 +511,48 @@ class TwinGuard:
         self._fn = fn
 
     def steps(self, rows) -> np.ndarray:
-        """Rows {kind, key, model, dflt, x, value}: kind 0 a decision (x:
-        bit 0 outside the envelope, bit 1 shadow mode on whatever the
-        configuration says; value: time, ns), kind 1 a cost (x: the arm;
-        value: the cost).  {applied, why, arm, state} per row."""
-        rows = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1, 6)
+        """Rows {kind, key, model, dflt, x, value, gen}: kind 0 a decision
+        (x: bit 0 outside the envelope, bit 1 shadow mode on whatever the
+        configuration says; value: time, ns; gen: the weight-set generation
+        it was made under), kind 1 a cost (x: the arm; value: the cost;
+        gen: its decision's generation).  Without the gen column, decisions
+        take the twin's current generation and each cost its last
+        decision's.  {applied, why, arm, state} per row."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.ndim != 2 or rows.shape[1] != 7:
+            rows = rows.reshape(-1, 6)
+            dec = rows[:, 0] == 0
+            gen = np.where(dec, self.twin.weights_generation, self.generation)
+            if dec.any():
+                gen[np.argmax(dec):] = self.twin.weights_generation
+            rows = np.column_stack([rows, gen])
+        rows = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1, 7)
         out = np.zeros((len(rows), 4), dtype=np.int64)
         ret = self._fn(rows.ctypes.data, len(rows), self.cfg.ctypes.data, self._g.ctypes.data,
                        self._keys.ctypes.data, self.nkeys, out.ctypes.data)
         if ret:
             raise KmlcError(f"kml_twin_guard returned {ret}: a row's kind or key is out of range")
+        dec = np.flatnonzero(rows[:, 0] == 0)
+        if len(dec):
+            self.generation = int(rows[dec[-1], 6])
         return out
 
     def decide(self, model: int, dflt: int, *, key: int = 0, outside: bool = False,
-               now: int = 0) -> tuple[int, int, int]:
+               now: int = 0, gen: int | None = None) -> tuple[int, int, int]:
         """The decision to apply, what decided it (kmlc.hooks.guard.WHY)
-        and its A/B arm (0 model, 1 default, 2 none)."""
-        o = self.steps([[0, key, model, dflt, int(outside), now]])[0]
+        and its A/B arm (0 model, 1 default, 2 none), made under the
+        weight-set generation ``gen`` (default: the twin's current one)."""
+        gen = self.twin.weights_generation if gen is None else gen
+        o = self.steps([[0, key, model, dflt, int(outside), now, gen]])[0]
         return int(o[0]), int(o[1]), int(o[2])
 
-    def cost(self, arm: int, cost: int) -> bool:
-        """A decision's cost on arm (0..2^64-1, as the module's u64); True
-        when it ended an A/B period."""
+    def cost(self, arm: int, cost: int, gen: int | None = None) -> bool:
+        """A decision's cost on arm (0..2^64-1, as the module's u64), for
+        a decision made under generation ``gen`` (default: the last
+        decision's); True when it ended an A/B period."""
         v = int(np.array(cost, dtype=np.uint64).view(np.int64))
-        return bool(self.steps([[1, 0, 0, 0, arm, v]])[0, 0])
+        gen = self.generation if gen is None else gen
+        return bool(self.steps([[1, 0, 0, 0, arm, v, gen]])[0, 0])
 
     @property
     def counters(self) -> dict[str, int]:

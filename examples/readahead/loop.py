@@ -52,21 +52,26 @@ PASSES = 4                                   # readreverse passes over the datab
 
 
 class Timeline:
-    """Bytes delivered and simulated time at each segment boundary, and
-    the swap: ``until()`` for experiment.replay (called every 64
-    operations), which never ends the run."""
+    """Bytes delivered and simulated time at each segment boundary, and the
+    run's named points (``points``: {name: operation}, in the run's order):
+    ``until()`` for experiment.replay (called every 64 operations), which
+    never ends the run.  At the first call at or past a point,
+    ``at_point(name)`` runs once and what it returns is kept in
+    ``seen[name]``."""
 
-    def __init__(self, sim, bounds: list[int], swap_at: int | None = None, swap=None):
-        self.sim, self.bounds, self.swap_at, self.swap = sim, bounds, swap_at, swap
+    def __init__(self, sim, bounds: list[int], points: dict[str, int] | None = None,
+                 at_point=None):
+        self.sim, self.bounds, self.points, self.at_point = sim, bounds, points or {}, at_point
         self.marks: list[tuple[int, int]] = []
+        self.seen: dict = {}
 
     def __call__(self) -> bool:
         s = self.sim.stats
         if not self.sim.measuring:
             return False
-        if self.swap is not None and s.ops >= self.swap_at:
-            self.swap()
-            self.swap = None
+        for name, at in self.points.items():
+            if name not in self.seen and s.ops >= at:
+                self.seen[name] = self.at_point(name) if self.at_point else None
         if len(self.marks) < len(self.bounds) and s.ops >= self.bounds[len(self.marks)]:
             self.marks.append((self.sim.now, s.bytes))
         return False
@@ -115,23 +120,20 @@ def simulate(db, p: dict, seed: int, policy: str, dirs: dict, blob: bytes | None
     elif policy != "default":
         hook = LearnedHook(dirs[policy], record=record)
     sim = Sim(DEVICES["nvme"], db.cache_pages, hook=hook)
-    swap = None
-    if blob is not None:
-        def swap():
+
+    def at_point(name: str):
+        """The hook's windows and decisions so far; at the swap point, then
+        the swap itself (``blob``)."""
+        if hook is None:
+            return None
+        seen = (len(hook.windows) if hook.windows is not None else 0, hook.decisions.copy())
+        if name == "swap" and blob is not None:
             hook.twin.load_weights(blob)
-    tl = Timeline(sim, p["bounds"], p["swap"], swap)
-    marks: dict = {}
+        return seen
 
-    def until() -> bool:
-        if hook is not None and sim.measuring:
-            n = sim.stats.ops
-            for name, at in (("shift", p["shift"]), ("swap", p["swap"])):
-                if name not in marks and n >= at:
-                    marks[name] = (len(hook.windows) if hook.windows is not None else 0,
-                                   hook.decisions.copy())
-        return tl()
-
-    replay(sim, db, DEFAULT_RA, ops_of(db, p, seed), p["warm"], until=until, access="mmap")
+    tl = Timeline(sim, p["bounds"], {"shift": p["shift"], "swap": p["swap"]}, at_point)
+    replay(sim, db, DEFAULT_RA, ops_of(db, p, seed), p["warm"], until=tl, access="mmap")
+    marks = tl.seen
     out = {"segments": tl.segments(), "throughput_mb_s": sim.result()["throughput_mb_s"]}
     if hook is not None:
         out["after_swap"] = (hook.decisions - marks["swap"][1]).tolist()

@@ -2,7 +2,8 @@
 model's weights for a model already compiled, and the twin runs on them.
 The oracle is the retrained model compiled on its own: the swapped twin
 must give its outputs bit for bit.  Sets for another structure, corrupted
-or truncated sets are refused with one line, and the running set stays."""
+or truncated sets are refused with one line, and the running set stays.
+A hook's benefit guard judges each newly loaded set afresh."""
 import numpy as np
 import onnx
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from conftest import ROOT, kmlc_cli, mlp_model
 from kmlc.api import compile as kcompile, load, pack
 from kmlc.errors import KmlcError
+from kmlc.hooks import guard as G
 
 
 def rows(n=300, seed=0):
@@ -130,23 +132,29 @@ def test_fixed_point_sets(tmp_path):
     assert not (tmp_path / "big.kmlw").exists()
 
 
+def retrained(src, dst) -> None:
+    """The model at ``src`` as another training might leave it (its
+    matrices' weights shuffled), saved at ``dst``."""
+    from onnx import numpy_helper
+
+    m = onnx.load(src)
+    for init in m.graph.initializer:
+        w = numpy_helper.to_array(init)
+        if w.ndim == 2:
+            w = np.random.default_rng(w.size).permutation(w.reshape(-1)).reshape(w.shape)
+            init.CopyFrom(numpy_helper.from_array(w, init.name))
+    onnx.save(m, dst)
+
+
 @pytest.mark.parametrize("numerics", ["float", "fixed"])
 def test_a_hooks_decisions_follow_the_loaded_set(tmp_path, numerics):
     """The hook's entry points (decide, replay) read the current set, as
     the module's hooks do after a write to its weights attribute: a twin
     that loaded a retrained set decides as the retrained model compiled on
     its own, and as before once it goes back to the compiled set."""
-    from onnx import numpy_helper
-
     src = ROOT / "examples" / "readahead" / "readahead.onnx"
     cal = ROOT / "examples" / "readahead" / "calibration.npy"
-    m = onnx.load(src)
-    for init in m.graph.initializer:          # another training: shuffled weights
-        w = numpy_helper.to_array(init)
-        if w.ndim == 2:
-            w = np.random.default_rng(w.size).permutation(w.reshape(-1)).reshape(w.shape)
-            init.CopyFrom(numpy_helper.from_array(w, init.name))
-    onnx.save(m, tmp_path / "v2.onnx")
+    retrained(src, tmp_path / "v2.onnx")
     opts = dict(numerics=numerics, hooks=["readahead"], targets="kernel,user",
                 calibration=np.load(cal) if numerics == "fixed" else None)
     kcompile(src, tmp_path / "v1", name="ra", **opts)
@@ -162,3 +170,57 @@ def test_a_hooks_decisions_follow_the_loaded_set(tmp_path, numerics):
     assert np.array_equal(v1.decide(feats), v2.decide(feats))
     v1.load_weights(None)
     assert np.array_equal(v1.decide(feats), before)
+
+
+def test_a_swapped_set_is_judged_afresh_by_the_benefit_guard(tmp_path):
+    """The readahead hook guarded (--guard benefit, a trial first), in a
+    simulated world where a decision costs 100 when it is the retrained
+    model's class and 150 otherwise, and the kernel's own readahead 120:
+    the compiled set loses its trial and is demoted; loading the retrained
+    set is a new generation, which the guard puts on trial afresh (one
+    reset) and trusts within that trial, long before a demoted model's
+    probes could bring it back; going back to the compiled set is a
+    generation too, demoted again.  Each decision's generation is the one
+    its own C read with the set."""
+    src = ROOT / "examples" / "readahead" / "readahead.onnx"
+    cal = np.load(ROOT / "examples" / "readahead" / "calibration.npy")
+    retrained(src, tmp_path / "v2.onnx")
+    kcompile(src, tmp_path / "v1", name="ra", numerics="fixed", calibration=cal,
+             hooks=["readahead"], targets="kernel,user",
+             guards=["benefit=2", "benefit_samples=8", "benefit_periods=2"])
+    pack(tmp_path / "v2.onnx", tmp_path / "v1", tmp_path / "v2.kmlw", calibration=cal, version=2)
+    twin = load(tmp_path / "v1")
+    feats = np.round(cal[:400] * np.exp2(twin.hook_frac.astype(np.float64))).astype(np.int32)
+    right = load(tmp_path / "v1", weights=tmp_path / "v2.kmlw").decide(feats)
+    assert (twin.decide(feats) == right).mean() < 0.6       # v1 is mostly wrong here
+    g = twin.guard_session()
+    cfg = dict(zip(G.PARAMS, g.cfg.tolist()))
+    assert (cfg["benefit_every"], cfg["benefit_trial"], cfg["benefit_probe_every"]) == (2, 1, 64)
+
+    def run(n, start):
+        whys = []
+        for i in range(start, start + n):
+            f = feats[i % len(feats)]
+            cls = int(twin.decide(f)[0])
+            assert twin.decided_generation == twin.weights_generation
+            d, why, arm = g.decide(cls, G.KERNEL, key=0, now=i)
+            whys.append(G.WHY[why])
+            if arm != G.ARM_NONE:
+                g.cost(arm, 120 if d == G.KERNEL else 100 if d == right[i % len(feats)] else 150)
+        return whys
+
+    trial = 2 * 8 * 2                         # differing decisions to a trial's verdict
+    run(trial, 0)
+    assert g.state == 1 and g.counters["demotions"] == 1 and g.counters["resets"] == 0
+    demoted = run(64, trial)                  # one differing decision in 64 its probe
+    assert demoted.count("demoted") == 63 and demoted.count("probe") == 1
+    twin.load_weights(tmp_path / "v2.kmlw")
+    assert twin.weights_generation == 1 and twin.weights_version == 2
+    whys = run(trial, 100)                    # on trial: one in 2 each way
+    assert whys[:2] == ["control", "probe"] and g.counters["resets"] == 1
+    assert g.state == 0 and g.counters["promotions"] == 1
+    assert run(20, 200).count("model") == 10   # trusted: one in 2 to the control
+    twin.load_weights(None)                   # the compiled set again: a generation too
+    assert twin.weights_generation == 2
+    run(trial, 300)
+    assert g.state == 1 and g.counters["demotions"] == 2 and g.counters["resets"] == 2

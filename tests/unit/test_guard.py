@@ -1,7 +1,7 @@
 """The guards (runtime-kernel/kml_guard.h), run through the twin: the
 module's own C.  Oracles: cases computed by hand from the rules in
 docs/hooks.md, and ``Oracle``, a separate Python reading of those rules,
-on random sequences and random parameters."""
+on random sequences (weight-set swaps among them) and random parameters."""
 from __future__ import annotations
 
 import numpy as np
@@ -37,12 +37,21 @@ class Oracle:
     def __init__(self, c):
         self.c, self.decisions, self.differ, self.block, self.outs = c, 0, 0, 0, 0
         self.tripped = self.demoted = self.judged = False
-        self.costs, self.window, self.keys = [[], []], [], {}
+        self.costs, self.window, self.keys, self.gen = [[], []], [], {}, 0
         self.count = dict(periods=0, demotions=0, promotions=0, envelope_trips=0,
-                          envelope_clears=0, **{w: 0 for w in G.WHY})
+                          envelope_clears=0, resets=0, **{w: 0 for w in G.WHY})
 
-    def decide(self, key, model, dflt, outside, now, shadow=False):
+    def decide(self, key, model, dflt, outside, now, shadow=False, gen=0):
         c = self.c
+        # a decision by a later weight set than the one the benefit guard
+        # judges: judged afresh, as a model just loaded (the guard's first
+        # decision's set is its own; an earlier set's decision changes nothing)
+        if gen > self.gen:
+            if self.decisions:
+                self.differ, self.demoted, self.judged = 0, False, False
+                self.costs, self.window = [[], []], []
+                self.count["resets"] += 1
+            self.gen = gen
         self.decisions += 1
         if c["envelope_pct"]:
             self.block += 1
@@ -86,10 +95,11 @@ class Oracle:
         self.count[why] += 1
         return d, G.WHY.index(why), arm
 
-    def cost(self, arm, cost):
+    def cost(self, arm, cost, gen=0):
         c = self.c
         n = max(c["benefit_samples"], 1)
-        if not c["benefit_every"] or arm > 1 or len(self.costs[arm]) >= 2**26:
+        # a cost counts for the set its decision was made with, if still judged
+        if not c["benefit_every"] or arm > 1 or gen != self.gen or len(self.costs[arm]) >= 2**26:
             return False
         self.costs[arm].append(min(cost, 2**32 - 1))
         if min(map(len, self.costs)) < n:
@@ -251,6 +261,69 @@ def test_arms_cover_the_same_span_and_costs_saturate(twin):
     assert h.cost(1, 2**32 - 2) and h.state == 1
 
 
+def test_a_swapped_set_is_judged_afresh(twin):
+    """A model demoted under weight-set generation 1: the first decision
+    under generation 2 resets the benefit state (one reset, no promotion),
+    so the new set goes on trial as a model just loaded, not as a probe of
+    a demoted one; a cost of a generation-1 decision no longer counts, and
+    a decision of generation 1 arriving late changes nothing."""
+    g = twin.guard_session(cfg(benefit_every=2, benefit_samples=2, benefit_periods=1,
+                               benefit_margin_pct=10, benefit_probe_every=4))
+    assert [g.decide(7, 0, gen=1) for _ in range(2)] == [(0, CONTROL, 1), (7, PROBE, 0)]
+    # generation 1 on trial: 120 against 100, no better by the margin: demoted
+    for a, c in ((0, 120), (1, 100), (0, 120), (1, 100)):
+        g.cost(a, c, gen=1)
+    assert g.state == 1 and g.counters["demotions"] == 1 and g.counters["resets"] == 0
+    assert g.decide(7, 0, gen=1) == (0, DEMOTED, 1)      # the 3rd of 4: not a probe
+    # generation 2: on trial afresh, its 1st differing decision the control's,
+    # the 2nd the model's (demoted, the 2nd would be the default's too)
+    assert g.decide(7, 0, gen=2) == (0, CONTROL, 1) and g.state == 0
+    assert g.counters["resets"] == 1 and g.counters["promotions"] == 0
+    assert g.decide(7, 0, gen=2) == (7, PROBE, 0)
+    # the demoted decision's cost (generation 1) arrives now: not counted
+    assert not g.cost(1, 100, gen=1)
+    # a generation-1 decision that reached the guard late: no reset
+    assert g.decide(7, 0, gen=1) == (0, CONTROL, 1) and g.counters["resets"] == 1
+    # generation 2's own costs: 90 against 100, its trial's verdict at the
+    # 4th (the late cost above would have ended the period at the 3rd)
+    assert [g.cost(a, c, gen=2) for a, c in ((0, 90), (1, 100), (0, 90), (1, 100))] == \
+        [False, False, False, True]
+    assert g.state == 0 and g.counters["promotions"] == 1 and g.counters["demotions"] == 1
+    assert g.counters["resets"] == 1 and g.counters["periods"] == 2
+    # trusted: one differing decision in 2 the control's
+    assert [g.decide(7, 0, gen=2) for _ in range(2)] == [(0, CONTROL, 1), (7, MODEL, 0)]
+
+
+def test_without_a_trial_a_swapped_set_starts_trusted(twin):
+    """benefit_trial=0: a set demoted under generation 3 is replaced, and
+    the new generation's first differing decision is the model's, trusted;
+    the guard's first decision takes its generation without a reset."""
+    g = twin.guard_session(cfg(benefit_every=2, benefit_samples=1, benefit_periods=1,
+                               benefit_margin_pct=10, benefit_trial=0, benefit_probe_every=4))
+    assert g.decide(7, 0, gen=3) == (7, MODEL, 0) and g.counters["resets"] == 0
+    assert g.cost(0, 111, gen=3) is False and g.cost(1, 100, gen=3) is True
+    assert g.state == 1 and g.counters["demotions"] == 1
+    assert g.decide(7, 0, gen=3) == (0, DEMOTED, 1)
+    assert g.decide(7, 0, gen=4) == (7, MODEL, 0)
+    assert g.state == 0 and g.counters["resets"] == 1
+    assert g.counters["promotions"] == 0 and g.counters["demotions"] == 1
+
+
+def test_a_swap_leaves_the_other_guards_as_they_are(twin):
+    """The envelope's block and trip and the rate guard's keys are about
+    the inputs and the keys, not the weights: new generations keep them."""
+    g = twin.guard_session(cfg(envelope_pct=50, envelope_events=2, rate_ms=2))
+    assert g.decide(1, 0, outside=True, now=0, gen=1) == (1, MODEL, 2)
+    assert g.decide(1, 0, outside=True, now=3 * MS, gen=1) == (0, ENVELOPE, 2)  # tripped
+    # generation 2: still tripped, the block half full
+    assert g.decide(1, 0, now=3 * MS, gen=2) == (0, ENVELOPE, 2)
+    assert g.state == 2 and g.counters["resets"] == 1
+    # generation 3: the block that began under 2 clears the envelope, and the
+    # key changed 1 ms ago (under 1): kept
+    assert g.decide(1, 0, now=4 * MS, gen=3) == (0, RATE, 2)
+    assert g.state == 0 and g.counters["resets"] == 2 and g.counters["envelope_clears"] == 1
+
+
 def test_rate_keeps_a_key_until_its_time_is_up(twin):
     g = twin.guard_session(cfg(rate_ms=2), nkeys=2)
     assert g.decide(1, 0, key=0, now=10 * MS)[0] == 1
@@ -278,35 +351,41 @@ CONFIGS = [
 def test_random_steps_match_the_rules(twin, seed):
     rng = np.random.default_rng(seed)
     c = cfg(**CONFIGS[seed])
-    nkeys, rows, t = 4, [], 0
+    # the weight set's generation: the guard's first decision may come after
+    # swaps; later ones now and then, and on SMP an inference that read the
+    # set before a swap reaches the guard after it (an earlier generation)
+    nkeys, rows, t, gen = 4, [], 0, int(rng.integers(0, 3))
     for i in range(3000):
         # steps of whole milliseconds too: the rate guard's boundary
         t += int(rng.choice([0, MS, 2 * MS, rng.integers(0, 2 * MS)]))
+        if rng.random() < 0.004:
+            gen += int(rng.integers(1, 3))
+        step_gen = gen if rng.random() < 0.9 else max(0, gen - int(rng.integers(1, 3)))
         if rng.random() < 0.6:
             # phases of few and of many inputs outside the envelope
             outside = rng.random() < (0.6 if (i // 200) % 2 else 0.1)
             rows.append([0, int(rng.integers(nkeys)), int(rng.integers(0, 4)),
-                         int(rng.integers(-1, 2)), int(outside), t])
+                         int(rng.integers(-1, 2)), int(outside), t, step_gen])
             continue
         # phases in which the model costs less than, more than, or about the default
         arm = int(rng.integers(0, 3))
         scale = (0.7, 1.5, 1.01)[(i // 300) % 3] if arm == 0 else 1.0
         cost = int(scale * rng.integers(900, 1100)) if rng.random() < 0.95 else \
             int(rng.integers(0, 2**62))
-        rows.append([1, 0, 0, 0, arm, cost])
+        rows.append([1, 0, 0, 0, arm, cost, step_gen])
     o = Oracle(c)
     want = []
-    for kind, key, m, d, x, v in rows:
+    for kind, key, m, d, x, v, step_gen in rows:
         if kind == 0:
-            a, w, arm = o.decide(key, m, d, x, v)
+            a, w, arm = o.decide(key, m, d, x, v, gen=step_gen)
             want.append([a, w, arm, o.state()])
         else:
-            want.append([int(o.cost(x, v)), 0, x, o.state()])
+            want.append([int(o.cost(x, v, gen=step_gen)), 0, x, o.state()])
     g = twin.guard_session(c, nkeys=nkeys)
     got = g.steps(np.array(rows, dtype=np.int64))
     bad = np.flatnonzero(np.any(got != np.array(want), axis=1))
     assert not len(bad), f"row {bad[0]} {rows[bad[0]]}: twin {got[bad[0]]}, rules {want[bad[0]]}"
-    assert g.counters == o.count
+    assert g.counters == o.count and o.count["resets"] >= 5
 
 
 def test_bad_steps_are_refused(twin):
@@ -318,32 +397,47 @@ def test_bad_steps_are_refused(twin):
         twin.guard_session({"bogus": 1})
 
 
-def trace_line(gid, seq, key, kind, model, dflt, flags, value, applied, why, arm, state):
+def trace_line(gid, seq, key, kind, model, dflt, flags, value, applied, why, arm, state, gen):
     return (f"  kworker-1 [000] ..... 1.0: kml_guard: guard={gid} seq={seq} key={key} "
             f"kind={kind} model={model} dflt={dflt} flags={flags} value={value} "
-            f"applied={applied} why={why} arm={arm} state={state}")
+            f"applied={applied} why={why} arm={arm} state={state} gen={gen}")
 
 
-def test_a_trace_replays_and_a_wrong_step_shows(twin):
+def test_a_trace_replays_and_a_wrong_step_shows(twin, monkeypatch):
+    """A guard's trace replays through the twin bit for bit, across a
+    weight-set swap (generation 3 to 4 at step 250, and a decision of
+    generation 3 that reached the guard after it); a wrong step shows, and
+    so does a replay that misses the swap."""
     c = cfg(benefit_every=2, benefit_samples=2, benefit_periods=1, rate_ms=1)
     o, lines, rng, t = Oracle(c), [], np.random.default_rng(5), 0
     for seq in range(400):
         t += int(rng.integers(0, MS))
         key = int(rng.integers(100, 103))
+        gen = 3 if seq < 250 or seq == 253 else 4
         if seq % 3 == 2:
             arm, cost = int(rng.integers(0, 2)), int(rng.integers(0, 500))
-            ended = o.cost(arm, cost)
-            lines.append(trace_line(7, seq, key, 1, 0, 0, 0, cost, int(ended), 0, arm, o.state()))
+            ended = o.cost(arm, cost, gen)
+            lines.append(trace_line(7, seq, key, 1, 0, 0, 0, cost, int(ended), 0, arm, o.state(),
+                                    gen))
         else:
             # shadow mode switched on for a while, as guard_shadow=1 would
             m, shadow = int(rng.integers(0, 4)), 150 <= seq < 200
-            a, w, arm = o.decide(key, m, -1, False, t, shadow)
+            a, w, arm = o.decide(key, m, -1, False, t, shadow, gen)
             lines.append(trace_line(7, seq, key, 0, m, -1, 2 * shadow, t, a, w, arm,
-                                    o.state()))
+                                    o.state(), gen))
     rng.shuffle(lines)                  # per-CPU buffers interleave: seq orders them
     rows = G.parse("\n".join(lines))[7]
     mod, got = G.replay(twin, rows, c)
     assert np.array_equal(mod, got) and o.count["periods"] > 5 and o.count["shadow"] > 20
+    assert o.count["resets"] == 1
+    monkeypatch.setitem(twin.meta, "guard", c)     # as if compiled with c
+    verdict = G.replay_verdicts("kml_x", "t", "\n".join(lines), twin)
+    assert verdict[0].startswith("kml_x-guard-t PASS 400 steps identical") and \
+        "decisions of 2 weight-set generations" in verdict[0], verdict
+    unswapped = rows.copy()
+    unswapped[:, 12] = 3                # as if the set had never changed
+    mod, got = G.replay(twin, unswapped, c)
+    assert not np.array_equal(mod, got)
     rows[10, 8] += 1                    # the module applied another decision
     mod, got = G.replay(twin, rows, c)
     assert not np.array_equal(mod, got)
