@@ -145,10 +145,13 @@ FOLD_ONLY = {"pow"}
 #                                      every index it reads is in range
 #   concat (x0, x1, ...) {axis}
 #   expand (x) {shape}                 numpy broadcasting of x to shape
-#   gather (x, idx: i32|i64) {axis}    np.take; a negative index counts from
+#   gather (x, idx: i32|i64) {axis, fill?}
+#                                      np.take; a negative index counts from
 #                                      the end; an index outside [-n, n)
-#                                      gives zeros (onnxruntime refuses it;
-#                                      the kernel must not read outside x)
+#                                      gives ``fill`` (default 0; fixed
+#                                      point's zero point, the real 0),
+#                                      as onnxruntime refuses it and the
+#                                      kernel must not read outside x
 
 def _transpose_infer(types, attrs):
     _need(len(types) == 1, "takes 1 operand")
@@ -215,7 +218,7 @@ def _gather_eval(xs, attrs):
     ok = (i >= -n) & (i < n)
     y = np.take(x, np.where(ok, i % n if n else 0, 0), axis=axis)
     mask = ok.reshape((1,) * axis + ok.shape + (1,) * (x.ndim - axis - 1))
-    return [np.where(mask, y, np.zeros((), x.dtype)).astype(x.dtype)]
+    return [np.where(mask, y, np.array(attrs.get("fill", 0), x.dtype)).astype(x.dtype)]
 
 
 OPS["transpose"] = OpDef("transpose", _transpose_infer,

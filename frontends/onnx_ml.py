@@ -29,7 +29,7 @@ from ..ir import F32, c_identifier, const
 
 DOMAIN = "ai.onnx.ml"
 SUPPORTED = ("Binarizer", "LinearClassifier", "LinearRegressor", "Normalizer", "Scaler",
-             "TreeEnsembleClassifier", "TreeEnsembleRegressor")
+             "TreeEnsemble", "TreeEnsembleClassifier", "TreeEnsembleRegressor")
 WHY_NOT = {
     "ZipMap": "it outputs a sequence of maps; convert without it (skl2onnx: "
               "options={'zipmap': False}) and use the probabilities tensor",

@@ -1,26 +1,44 @@
 """ONNX-ML tree ensembles (``TreeEnsembleRegressor``,
-``TreeEnsembleClassifier``) as kmlc IR: one ``trees`` op (kmlc.ops) that
-sums the leaves' votes per target, then default-domain ops for the class
-decision and the post transform, in the order of onnxruntime's CPU
-kernels, whose results are these operators' reference:
+``TreeEnsembleClassifier``, and ``TreeEnsemble`` of ai.onnx.ml 5) as kmlc
+IR: one ``trees`` op (kmlc.ops) that sums the leaves' votes per target,
+then default-domain ops for the class decision and the post transform, in
+the order of onnxruntime's CPU kernels, whose results are these
+operators' reference:
 
-  tables      the nodes of each tree, walked from node 0, numbered in
+  tables      the nodes of each tree, walked from its root (node 0; for
+              TreeEnsemble, the node tree_roots names), numbered in
               depth-first order (true branch first) and trees in
-              ascending tree id: that is the order leaves are summed in,
-              onnxruntime's on one thread.  A tree is checked before it is
-              compiled: every node id a branch names exists, no node is
-              reached twice (no cycles, no shared subtrees), every feature
-              id is an input, every vote is a leaf's and names a target.
+              ascending tree id (TreeEnsemble: tree_roots' order): that is
+              the order leaves are summed in, onnxruntime's on one thread.
+              A tree is checked before it is compiled: every node id a
+              branch names exists, no node or leaf is reached twice (no
+              cycles, no shared subtrees), every feature id is an input,
+              every vote is a leaf's and names a target.
   thresholds  float32, compared in float32 (x <= t for BRANCH_LEQ, and so
               on); a NaN goes to the true branch where
               nodes_missing_value_tracks_true says so, else wherever the
               comparison sends it (every test but NEQ fails)
-  leaves      a vote (target, weight) per target a leaf names; the sum of
-              a target starts at 0.0 and adds the votes tree by tree,
-              then AVERAGE divides it by the number of trees and
-              base_values are added last (one per target; a single value
-              for a single target)
-  regressor   the sums are the output (post_transform NONE)
+  members     TreeEnsemble's BRANCH_MEMBER node (its list: the next of
+              membership_values' NaN-ended lists, in node order) is a chain
+              of tests on its feature whose exits lead to the node's two
+              children; the walk takes the chain's longest path in steps.
+              Up to 30 members from 0 to 30: x == v for each in turn (a
+              NaN is no member).  Other sets onnxruntime 1.32 tests by the
+              int32 x truncates to (a NaN or an x beyond int32: no member),
+              where onnx's reference tests x itself; onnxruntime is the
+              reference: each run a..b of consecutive members is the float
+              interval whose values truncate into it, tested in ascending
+              order as x <= its top, then x >= its bottom.  With missing
+              tracks every test of the chain sends a NaN true.
+  leaves      a vote (target, weight) per target a leaf names (one for
+              TreeEnsemble); the sum of a target starts at 0.0 and adds
+              the votes tree by tree, then AVERAGE divides it by the
+              number of trees (onnx's reference divides each vote first)
+              and base_values are added last (one per target; a single
+              value for a single target; TreeEnsemble has none)
+  regressor   the sums are the output (post_transform NONE); TreeEnsemble
+              alike, a target no leaf of a row votes for is 0 there, as
+              onnxruntime writes it
   classifier  with more than two classes:
               label = the class label of the first highest score, scores =
               post_transform(sums): NONE, LOGISTIC or SOFTMAX.  With two
@@ -33,14 +51,23 @@ kernels, whose results are these operators' reference:
               on the label)
 
 What is refused, each in one line naming the node: string labels, the
-``_as_tensor`` (double) attributes (onnxruntime then compares and sums in
-double), PROBIT and SOFTMAX_ZERO, aggregate MIN and MAX, a leaf voting
-twice for one target, a target some rows would leave without a vote
-(onnxruntime keeps per-row flags of the targets voted for and writes 0,
-or skips the class in the argmax, where a row has none), and the binary
-forms onnxruntime gives no consistent meaning: two base values; votes for
-class 1 only; votes for both classes (its label is then 1 when class 1's
-sum is above 0, whatever class 0's, and not a class label).
+``_as_tensor`` (double) attributes and TreeEnsemble's double tensors
+(onnxruntime then compares and sums in double), PROBIT and SOFTMAX_ZERO,
+aggregate MIN and MAX, a leaf voting twice for one target, a target some
+rows would leave without a vote (onnxruntime keeps per-row flags of the
+targets voted for and writes 0, or skips the class in the argmax, where a
+row has none; base values and the argmax make that differ from a sum of
+0), and the binary forms onnxruntime gives no consistent meaning: two base
+values; votes for class 1 only; votes for both classes (its label is then
+1 when class 1's sum is above 0, whatever class 0's, and not a class
+label).  For TreeEnsemble: every post_transform but NONE (onnxruntime 1.32
+applies LOGISTIC for code 1, SOFTMAX, and SOFTMAX for code 2, LOGISTIC,
+and neither to a single target), a mode beyond 0..6, a non-finite split,
+a BRANCH_MEMBER node without its list or with an empty one (onnxruntime
+refuses it), more lists than such nodes, a member of a truncation-tested
+set that is no int32 (onnxruntime refuses it) or is -2^31 (what its cast
+makes of a NaN or an x beyond int32), and a single-leaf tree whose node
+names a leaf other than the one onnxruntime reads: the node's own index.
 """
 from __future__ import annotations
 
@@ -53,6 +80,8 @@ from .onnx_ml import _const, _gemm, _label_of, _op, _scores, _text
 MODES = {"BRANCH_LEQ": "le", "BRANCH_LT": "lt", "BRANCH_GTE": "ge", "BRANCH_GT": "gt",
          "BRANCH_EQ": "eq", "BRANCH_NEQ": "ne"}
 CODES = ("le", "lt", "ge", "gt", "eq", "ne")      # flags & 7, kmlc.ops.TREE_MODES
+V5_MODES = tuple(MODES) + ("BRANCH_MEMBER",)      # TreeEnsemble's nodes_modes 0 .. 6
+MEMBER = 6
 
 
 def _uint(n: int):
@@ -62,95 +91,69 @@ def _uint(n: int):
 
 class Tables:
     """The node and leaf tables of an ensemble, checked (see the module's
-    docstring)."""
+    docstring): ``_v3_tables`` and ``_v5_tables`` describe both forms'
+    trees as ``nodes`` {key: ("LEAF",) or (mode, feature, threshold or
+    members, true key, false key, missing)}, the leaves' ``votes`` {key:
+    [(target, weight)]} and ``roots`` [(tree, key of its root)]; ``name``
+    (key) says how a message names a key.  Every key is reached at most
+    once over all trees."""
 
-    def __init__(self, conv, node, a: dict, n_features: int, targets: int, prefix: str):
-        self.conv, self.node = conv, node
-        fail = lambda msg: conv.fail(msg, node)  # noqa: E731
-        for k in a:
-            if k.endswith("_as_tensor"):
-                fail(f"attribute {k}: double-precision tree tables (onnxruntime then compares "
-                     "and sums in double; kmlc's trees are float32)")
-        get = lambda k: list(a.get(k, []))  # noqa: E731
-        tids, nids = get("nodes_treeids"), get("nodes_nodeids")
-        cols = {k: get(f"nodes_{k}") for k in ("featureids", "values", "modes", "truenodeids",
-                                                "falsenodeids", "missing_value_tracks_true")}
-        n = len(nids)
-        if n == 0 or len(tids) != n:
-            fail(f"{len(tids)} nodes_treeids for {n} nodes_nodeids")
-        for k, v in cols.items():
-            if k == "missing_value_tracks_true" and not v:
-                cols[k] = [0] * n
-            elif len(v) != n:
-                fail(f"{len(v)} nodes_{k} for {n} nodes")
-        nodes = {}
-        for i, key in enumerate(zip(tids, nids)):
-            if key in nodes:
-                fail(f"tree {key[0]} has node {key[1]} twice")
-            mode = _text(cols["modes"][i])
-            if mode != "LEAF" and mode not in MODES:
-                fail(f"node mode {mode} (BRANCH_MEMBER and others are not compiled)")
-            if mode != "LEAF" and not 0 <= cols["featureids"][i] < n_features:
-                fail(f"tree {key[0]} node {key[1]} tests feature {cols['featureids'][i]} of "
-                     f"an input of {n_features}")
-            nodes[key] = (mode, *(cols[k][i] for k in ("featureids", "values", "truenodeids",
-                                                         "falsenodeids",
-                                                         "missing_value_tracks_true")))
-        votes = defaultdict(list)
-        vt, vn, vi, vw = (get(f"{prefix}_{k}") for k in ("treeids", "nodeids", "ids", "weights"))
-        if not len(vt) == len(vn) == len(vi) == len(vw):
-            fail(f"{prefix}_treeids, _nodeids, _ids and _weights differ in length")
-        for t, nid, k, w in zip(vt, vn, vi, vw):
-            if nodes.get((t, nid), ("",))[0] != "LEAF":
-                fail(f"a vote for tree {t} node {nid}, which is not a leaf")
-            if not 0 <= k < targets:
-                fail(f"a vote for target {k} of {targets}")
-            if any(k == k2 for k2, _ in votes[(t, nid)]):
-                fail(f"tree {t} leaf {nid} votes twice for target {k} (the order of the "
-                     "two additions is not compiled)")
-            votes[(t, nid)].append((int(k), float(w)))
-        self.weights = vw
-        self.trees = sorted(set(tids))
-        self.branch: list[tuple] = []    # (mode, feature, threshold, missing, [true, false])
+    def __init__(self, conv, node, nodes: dict, votes: dict, roots: list, name, targets: int,
+                 weights: list[float]):
+        self.conv, self.node, self.targets, self.weights = conv, node, targets, weights
+        self.branch: list[list] = []     # (mode, feature, threshold, missing, [true, false])
         self.leaves: list[list] = []     # per leaf: its votes
         self.roots, self.depth = [], 0
-        reached = set()
-        for t in self.trees:
-            if (t, 0) not in nodes:
-                fail(f"tree {t} has no node 0 (its root)")
-            self.roots.append(self._walk(t, nodes, votes, reached))
+        reached: set = set()
+        for t, root in roots:
+            self.roots.append(self._walk(t, root, nodes, votes, reached, name))
         self.n_branch = len(self.branch)
-        self.targets = targets
 
-    def _walk(self, t, nodes, votes, reached) -> tuple:
+    def _walk(self, t, root, nodes, votes, reached, name) -> tuple:
         """Number tree t's nodes, depth first, true branch first, with an
         explicit stack; returns its root's reference, ("node", branch
-        index) or ("leaf", leaf index) (``index`` makes it a node number)."""
-        out: dict = {}
-        stack = [(0, 0, None, 0)]
+        index) or ("leaf", leaf index) (``index`` makes it a node number).
+        A node becomes a chain of tests (one, but for BRANCH_MEMBER: see
+        ``_member_tests``) whose exits lead to its two children: the stack
+        holds a child with the branch slots that lead to it, and its depth
+        by the chain's longest path."""
+        out = []
+        stack = [(root, 0, [])]
         while stack:
-            cur, d, parent, side = stack.pop()
-            if (t, cur) not in nodes:
-                self.conv.fail(f"tree {t} names node {cur}, which it does not have", self.node)
-            if (t, cur) in reached:
-                self.conv.fail(f"tree {t} reaches node {cur} twice (a cycle or a shared "
+            cur, d, slots = stack.pop()
+            if cur not in nodes:
+                self.conv.fail(f"tree {t} names {name(cur)}, which it does not have", self.node)
+            if cur in reached:
+                self.conv.fail(f"tree {t} reaches {name(cur)} twice (a cycle or a shared "
                                "subtree)", self.node)
-            reached.add((t, cur))
-            mode, feat, thr, true, false, miss = nodes[(t, cur)]
-            if mode == "LEAF":
+            reached.add(cur)
+            if nodes[cur][0] == "LEAF":
                 ref = ("leaf", len(self.leaves))
-                self.leaves.append(votes.get((t, cur), []))
+                self.leaves.append(votes.get(cur, []))
                 self.depth = max(self.depth, d)
             else:
-                ref = ("node", len(self.branch))
-                self.branch.append([MODES[mode], int(feat), float(thr), int(miss), [None, None]])
-                stack.append((false, d + 1, ref[1], 1))
-                stack.append((true, d + 1, ref[1], 0))
-            if parent is None:
-                out["root"] = ref
-            else:
-                self.branch[parent][4][side] = ref
-        return out["root"]
+                mode, feat, thr, true, false, miss = nodes[cur]
+                tests = _member_tests(thr) if mode == "BRANCH_MEMBER" else \
+                    [(MODES[mode], float(thr), "T", "F")]
+                first, exits = len(self.branch), {"T": [], "F": []}
+                for j, (code, v, *to) in enumerate(tests):
+                    self.branch.append([code, int(feat), v, int(miss), [None, None]])
+                    for side, nxt in enumerate(to):
+                        if nxt in exits:
+                            exits[nxt].append((first + j, side))
+                        else:
+                            self.branch[-1][4][side] = ("node", first + nxt)
+                longest = [0] * len(tests)     # steps from test j to an exit
+                for j in reversed(range(len(tests))):
+                    longest[j] = 1 + max(longest[x] if isinstance(x, int) else 0
+                                         for x in tests[j][2:])
+                ref = ("node", first)
+                stack.append((false, d + longest[0], exits["F"]))
+                stack.append((true, d + longest[0], exits["T"]))
+            for b, side in slots:
+                self.branch[b][4][side] = ref
+            out.append(ref)
+        return out[0]
 
     def index(self, ref) -> int:
         return ref[1] if ref[0] == "node" else self.n_branch + ref[1]
@@ -199,9 +202,251 @@ class Tables:
         return _op(conv, node, "trees", ins, attrs, **where)
 
 
+def _v3_tables(conv, node, a: dict, n_features: int, targets: int, prefix: str) -> Tables:
+    """The tables of a TreeEnsembleRegressor (``prefix`` "target") or
+    TreeEnsembleClassifier ("class") node: trees in ascending tree id,
+    each from its node 0."""
+    fail = lambda msg: conv.fail(msg, node)  # noqa: E731
+    for k in a:
+        if k.endswith("_as_tensor"):
+            fail(f"attribute {k}: double-precision tree tables (onnxruntime then compares "
+                 "and sums in double; kmlc's trees are float32)")
+    get = lambda k: list(a.get(k, []))  # noqa: E731
+    tids, nids = get("nodes_treeids"), get("nodes_nodeids")
+    cols = {k: get(f"nodes_{k}") for k in ("featureids", "values", "modes", "truenodeids",
+                                            "falsenodeids", "missing_value_tracks_true")}
+    n = len(nids)
+    if n == 0 or len(tids) != n:
+        fail(f"{len(tids)} nodes_treeids for {n} nodes_nodeids")
+    for k, v in cols.items():
+        if k == "missing_value_tracks_true" and not v:
+            cols[k] = [0] * n
+        elif len(v) != n:
+            fail(f"{len(v)} nodes_{k} for {n} nodes")
+    nodes = {}
+    for i, key in enumerate(zip(tids, nids)):
+        if key in nodes:
+            fail(f"tree {key[0]} has node {key[1]} twice")
+        mode = _text(cols["modes"][i])
+        if mode != "LEAF" and mode not in MODES:
+            why = "its members are listed in TreeEnsemble, ai.onnx.ml 5, only" \
+                if mode == "BRANCH_MEMBER" else "not a node mode"
+            fail(f"node mode {mode} ({why})")
+        if mode != "LEAF" and not 0 <= cols["featureids"][i] < n_features:
+            fail(f"tree {key[0]} node {key[1]} tests feature {cols['featureids'][i]} of "
+                 f"an input of {n_features}")
+        nodes[key] = (mode, *(cols[k][i] for k in ("featureids", "values", "truenodeids",
+                                                     "falsenodeids",
+                                                     "missing_value_tracks_true")))
+    votes = defaultdict(list)
+    vt, vn, vi, vw = (get(f"{prefix}_{k}") for k in ("treeids", "nodeids", "ids", "weights"))
+    if not len(vt) == len(vn) == len(vi) == len(vw):
+        fail(f"{prefix}_treeids, _nodeids, _ids and _weights differ in length")
+    for t, nid, k, w in zip(vt, vn, vi, vw):
+        if nodes.get((t, nid), ("",))[0] != "LEAF":
+            fail(f"a vote for tree {t} node {nid}, which is not a leaf")
+        if not 0 <= k < targets:
+            fail(f"a vote for target {k} of {targets}")
+        if any(k == k2 for k2, _ in votes[(t, nid)]):
+            fail(f"tree {t} leaf {nid} votes twice for target {k} (the order of the "
+                 "two additions is not compiled)")
+        votes[(t, nid)].append((int(k), float(w)))
+    trees = sorted(set(tids))
+    for t in trees:
+        if (t, 0) not in nodes:
+            fail(f"tree {t} has no node 0 (its root)")
+    nodes = {k: (*v[:3], (k[0], v[3]), (k[0], v[4]), v[5]) for k, v in nodes.items()}
+    return Tables(conv, node, nodes, votes, [(t, (t, 0)) for t in trees],
+                  lambda key: f"node {key[1]}", targets, vw)
+
+
+def _v5_tables(conv, node, a: dict, n_features: int, targets: int) -> Tables:
+    """The tables of a TreeEnsemble (ai.onnx.ml 5) node: trees in the
+    order of tree_roots, keys ("node", i) and ("leaf", j) into the nodes_
+    and leaf_ attributes, each BRANCH_MEMBER node with its members."""
+    fail = lambda msg: conv.fail(msg, node)  # noqa: E731
+    modes = [int(m) for m in _tensor(conv, node, a, "nodes_modes").reshape(-1)]
+    splits = _tensor(conv, node, a, "nodes_splits").astype(np.float32).reshape(-1)
+    n = len(modes)
+    cols = {k: list(a.get(f"nodes_{k}", [])) for k in (
+        "featureids", "truenodeids", "trueleafs", "falsenodeids", "falseleafs",
+        "missing_value_tracks_true")}
+    if not cols["missing_value_tracks_true"]:
+        cols["missing_value_tracks_true"] = [0] * n
+    if n == 0:
+        fail("no nodes_modes (a tree that is a single leaf has a node naming it)")
+    for k, v in [("splits", splits)] + list(cols.items()):
+        if len(v) != n:
+            fail(f"{len(v)} nodes_{k} for {n} nodes_modes")
+    targ = [int(k) for k in a.get("leaf_targetids", [])]
+    weight = _tensor(conv, node, a, "leaf_weights").astype(np.float32).reshape(-1)
+    if not targ or len(targ) != len(weight):
+        fail(f"{len(targ)} leaf_targetids for {len(weight)} leaf_weights")
+    for j, k in enumerate(targ):
+        if not 0 <= k < targets:
+            fail(f"leaf {j} votes for target {k} of {targets}")
+    sets = _member_lists(conv, node, a, modes)
+    nodes, votes = {}, {}
+    for j, (k, w) in enumerate(zip(targ, weight)):
+        nodes[("leaf", j)] = ("LEAF",)
+        votes[("leaf", j)] = [(k, float(w))]
+    for i, mode in enumerate(modes):
+        if not 0 <= mode < len(V5_MODES):
+            fail(f"node {i} has mode {mode} (TreeEnsemble's modes are 0 to 6)")
+        feat = cols["featureids"][i]
+        if not 0 <= feat < n_features:
+            fail(f"node {i} tests feature {feat} of an input of {n_features}")
+        if mode != MEMBER and not np.isfinite(splits[i]):
+            fail(f"node {i} splits at {splits[i]}: kmlc needs finite thresholds")
+        kid = [("leaf" if cols[f"{s}leafs"][i] else "node", cols[f"{s}nodeids"][i])
+               for s in ("true", "false")]
+        nodes[("node", i)] = (V5_MODES[mode], feat, sets.get(i, splits[i]), *kid,
+                              cols["missing_value_tracks_true"][i])
+    roots = []
+    for t, r in enumerate(a.get("tree_roots", [])):
+        if not 0 <= r < n:
+            fail(f"tree_roots names node {r} of {n}")
+        kid = [(bool(cols[f"{s}leafs"][r]), cols[f"{s}nodeids"][r])
+               for s in ("true", "false")]
+        if kid[0][0] and kid[0] == kid[1]:   # a single leaf: onnxruntime reads leaf r
+            if kid[0][1] != r:
+                fail(f"tree {t} is the single leaf {kid[0][1]} named by node {r}, and "
+                     f"onnxruntime reads leaf {r} for it (kmlc compiles the form when "
+                     "the two are the same)")
+            roots.append((t, ("leaf", r)))
+        else:
+            roots.append((t, ("node", r)))
+    if not roots:
+        fail("no tree_roots")
+    return Tables(conv, node, nodes, votes, roots, lambda key: f"{key[0]} {key[1]}",
+                  targets, list(weight))
+
+
+def _tensor(conv, node, a: dict, k: str) -> np.ndarray:
+    """TreeEnsemble's tensor attribute ``k`` (an empty array if absent);
+    a double one refused (onnxruntime then compares and sums in double)."""
+    from onnx import TensorProto, numpy_helper
+
+    t = a.get(k)
+    if t is None:
+        return np.zeros(0, np.float32)
+    if not isinstance(t, TensorProto):
+        conv.fail(f"attribute {k} is not a tensor", node)
+    if t.data_type == TensorProto.DOUBLE:
+        conv.fail(f"attribute {k} is a double tensor (onnxruntime then compares and sums in "
+                  "double; kmlc's trees are float32)", node)
+    return np.asarray(numpy_helper.to_array(t))
+
+
+def _member_lists(conv, node, a: dict, modes: list[int]) -> dict[int, list[float]]:
+    """{node index: its members} for the BRANCH_MEMBER nodes, in node
+    order, from membership_values: one list per such node, each ended by
+    a NaN (the last one's may be left out, as onnxruntime reads it); a
+    list missing, one too many or an empty one (onnxruntime refuses it)
+    refused."""
+    vals = _tensor(conv, node, a, "membership_values").astype(np.float32).reshape(-1)
+    lists, cur = [], []
+    for v in vals:
+        if np.isnan(v):
+            lists.append(cur)
+            cur = []
+        else:
+            cur.append(float(v))
+    if cur:
+        lists.append(cur)
+    members = [i for i, m in enumerate(modes) if m == MEMBER]
+    if len(lists) < len(members):
+        conv.fail(f"node {members[len(lists)]} is BRANCH_MEMBER node {len(lists) + 1} of "
+                  f"{len(members)}, and membership_values has {len(lists)} lists (one per "
+                  "BRANCH_MEMBER node, each ended by a NaN)", node)
+    if len(lists) > len(members):
+        conv.fail(f"membership_values has {len(lists)} lists for {len(members)} "
+                  "BRANCH_MEMBER nodes", node)
+    for i, v in zip(members, lists):
+        if not v:
+            conv.fail(f"node {i} has an empty list of members (onnxruntime refuses it)", node)
+        if not (len(v) < 31 and 0 <= min(v) and max(v) <= 30):
+            bad = [m for m in v if not (-2.0**31 <= m < 2.0**31 and m == int(m))]
+            if bad:
+                conv.fail(f"node {i} has {bad[0]} among {len(v)} members from {min(v)} to "
+                          f"{max(v)}: onnxruntime tests such a set (more than 30, or beyond 0 "
+                          "to 30) on x truncated to int32, and refuses members that are not "
+                          "int32", node)
+            if -2.0**31 in v:
+                conv.fail(f"node {i} has member -2147483648, which onnxruntime's truncation "
+                          "to int32 also makes of a NaN and of every x beyond int32", node)
+    return dict(zip(members, lists))
+
+
+def _member_tests(vals: list[float]) -> list[tuple]:
+    """The tests of a BRANCH_MEMBER node as onnxruntime 1.32 decides it:
+    (mode, threshold, where a test that holds goes, where one that fails
+    goes), each a later test's index, "T" (the node's true child) or "F".
+    Up to 30 members from 0 to 30: x == v for each, in order (x is a
+    member exactly).  Otherwise onnxruntime tests the integer x truncates
+    to (and ``_member_lists`` has checked each member is an integer): x
+    is a member when it is in one of the float intervals whose values
+    truncate to a run of consecutive members, tested in ascending order,
+    x <= the interval's top, then x >= its bottom."""
+    if len(vals) < 31 and 0 <= min(vals) and max(vals) <= 30:
+        return [("eq", v, "T", j + 1 if j + 1 < len(vals) else "F")
+                for j, v in enumerate(vals)]
+    ints = sorted({int(v) for v in vals})
+    runs = [[ints[0], ints[0]]]
+    for v in ints[1:]:
+        if v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    tests = []
+    for j, (lo, hi) in enumerate(runs):
+        # trunc(x) in [lo, hi]: x > lo - 1 (x >= lo above 0), x < hi + 1 (x <= hi below 0)
+        bottom = float(lo) if lo > 0 else _next_f32(lo - 1, 1)
+        top = float(hi) if hi < 0 else _next_f32(hi + 1, -1)
+        k = len(tests)
+        tests += [("le", top, k + 1, k + 2 if j + 1 < len(runs) else "F"),
+                  ("ge", bottom, "T", "F")]
+    return tests
+
+
+def _next_f32(v: int, way: int) -> float:
+    """The float32 next to the integer ``v``: the least above it (way 1)
+    or the greatest below it (way -1)."""
+    f = np.float32(v)
+    if (float(f) - v) * way <= 0:
+        f = np.nextafter(f, np.float32(way * np.inf))
+    return float(f)
+
+
+def convert_v5(conv, node, a: dict, x) -> None:
+    """Converts a TreeEnsemble (ai.onnx.ml 5) ``node`` over float input
+    ``x`` [R, F]: the sums per target, from 0.0 (a target no leaf of a row
+    votes for is 0, as onnxruntime writes it), AVERAGE's division; post
+    transform NONE."""
+    post = int(a.get("post_transform", 0))
+    agg = int(a.get("aggregate_function", 1))
+    if post != 0:
+        name = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
+        what = name[post] if 0 <= post < len(name) else "unknown"
+        conv.fail(f"post_transform {post} ({what}): kmlc compiles 0 (NONE); onnxruntime 1.32 "
+                  "applies LOGISTIC for 1 and SOFTMAX for 2, and neither to a single target "
+                  "(put a Softmax or Sigmoid node after this one)", node)
+    if agg not in (0, 1):
+        conv.fail(f"aggregate_function {agg}: kmlc compiles 0 (AVERAGE) and 1 (SUM)", node)
+    k = int(a.get("n_targets", 0))
+    if k < 1:
+        conv.fail(f"n_targets {k}: a TreeEnsemble has at least one target", node)
+    tab = _v5_tables(conv, node, a, x.type.shape[1], k)
+    tab.op(x, None, "average" if agg == 0 else "sum", last=True)
+
+
 def convert(conv, node, a: dict, x) -> None:
     """Converts TreeEnsembleRegressor and TreeEnsembleClassifier ``node``
-    over float input ``x`` [R, F] (onnx_ml.convert has cast and shaped it)."""
+    over float input ``x`` [R, F] (onnx_ml.convert has cast and shaped it),
+    and TreeEnsemble (``convert_v5``)."""
+    if node.op_type == "TreeEnsemble":
+        convert_v5(conv, node, a, x)
+        return
     post = _text(a.get("post_transform", "NONE"))
     agg = _text(a.get("aggregate_function", "SUM"))
     f = x.type.shape[1]
@@ -212,7 +457,7 @@ def convert(conv, node, a: dict, x) -> None:
         if agg not in ("SUM", "AVERAGE"):
             conv.fail(f"aggregate_function {agg}: kmlc compiles SUM and AVERAGE", node)
         k = int(a.get("n_targets", 1))
-        tab = Tables(conv, node, a, f, k, "target")
+        tab = _v3_tables(conv, node, a, f, k, "target")
         _check_voted(conv, node, tab, k, "target")
         base = [float(v) for v in a.get("base_values", [])]
         if base and len(base) != k:
@@ -241,7 +486,7 @@ def convert(conv, node, a: dict, x) -> None:
         conv.fail("two classes both voted for: onnxruntime then gives 1 when class 1's sum is "
                   "above 0 and 0 otherwise, not a class label, whatever class 0's sum (kmlc "
                   "refuses the form rather than pick a meaning)", node)
-    tab = Tables(conv, node, a, f, k, "class")
+    tab = _v3_tables(conv, node, a, f, k, "class")
     if base and len(base) != k:
         conv.fail(f"{len(base)} base_values for {k} classes", node)
     if not base:                       # base values give every class a score
@@ -286,7 +531,7 @@ def _binary(conv, node, a, x, labels, base, post, scores_out) -> None:
     if len(base) > 1:
         conv.fail(f"two classes, votes for class 0 only and {len(base)} base values "
                   "(onnxruntime uses one)", node)
-    tab = Tables(conv, node, a, x.type.shape[1], 1, "class")
+    tab = _v3_tables(conv, node, a, x.type.shape[1], 1, "class")
     _check_voted(conv, node, tab, 1)
     s = tab.op(x, base or None)
     positive = all(w >= 0 for w in tab.weights)

@@ -6,8 +6,9 @@ each; ``lower`` maps the graph to a ``schedule.Program`` and the planner
 then assigns workspace offsets.  ``print_after`` receives the printed form
 after every stage, like MLIR's --mlir-print-ir-after-all.
 
---numerics fixed adds, after the shared graph passes: fold-affine and
-fold-softmax-argmax (rewrites that are exact in real arithmetic), then
+--numerics fixed adds, after the shared graph passes: reduce-to-dense,
+fold-affine and fold-softmax-argmax (rewrites that are exact in real
+arithmetic), then
 calibration on the user's data, choose-widths (int8 or int16 weights per
 layer, by decision agreement), quantize (float graph -> integer graph) and
 bound-ranges (the overflow proof, which also fixes the integer multipliers)
@@ -34,6 +35,7 @@ from .forward_identity import forward_identity
 from .fuse_dense import fuse_dense
 from .lower import lower
 from .quantize import QuantOptions, quantize
+from .reduce_to_dense import reduce_to_dense
 
 GRAPH_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fold-constants", fold_constants),
@@ -43,6 +45,7 @@ GRAPH_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("eliminate-dead", eliminate_dead),
 ]
 FIXED_GRAPH_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
+    ("reduce-to-dense", reduce_to_dense),
     ("fold-affine", fold_affine),
     ("fuse-dense", fuse_dense),      # an activation after a folded affine op joins its layer
     ("fold-softmax-argmax", fold_softmax_argmax),

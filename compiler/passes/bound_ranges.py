@@ -69,7 +69,7 @@ def bound_ranges(g: Graph) -> Graph:
         for v in g.inputs}
     for op in g.ops:
         x = op.inputs[0]
-        xl, xh = iv[x]
+        xl, xh = (int(x.data.min()), int(x.data.max())) if x.is_const else iv[x]
         a = op.attrs
         if op.kind == "qinput":
             # an int64 input saturates to int32 first (kml_sat_s32)
@@ -162,6 +162,8 @@ def bound_ranges(g: Graph) -> Graph:
             vals = [iv[v] if not v.is_const else (int(v.data.min()), int(v.data.max()))
                     for v in (op.inputs[1:] if op.kind == "where" else op.inputs)]
             out = (min(v[0] for v in vals), max(v[1] for v in vals))
+        elif op.kind == "gather":      # a table's values, or the fill
+            out = (min(xl, a.get("fill", 0)), max(xh, a.get("fill", 0)))
         elif op.kind == "cast":
             t = op.output.type.dtype
             lim = (0, 1) if t.name == "bool" else (int(np.iinfo(t.np).min),

@@ -8,11 +8,12 @@ evaluator, and compares each output's decision with the float graph's on
 the same rows (compiler/decisions.py: class, argmax, or side of the cut).
 While fewer than ``MIN_AGREEMENT`` percent of the rows agree, it widens
 one more layer to int16, the layer whose int8 weights keep the least SQNR
-first, until they agree or every layer is int16.
+first, until they agree or every layer is int16 (but those whose int8
+weights are exact, which stay int8).
 
 Guarantees: the widths it returns give decisions agreeing with float on
 at least MIN_AGREEMENT percent of the (at most ``ROWS``) calibration rows
-it evaluates, or are all int16; it returns the agreement it measured
+it evaluates, or are all int16 but the exact int8 layers; it returns the agreement it measured
 (percent; None for forced widths) for reports.  Forced widths
 (``--weight-bits 8|16``) pass through unchanged; a list of widths, one per
 dense layer in graph order (``--weight-bits 16,16,8``: what auto printed,
@@ -95,8 +96,10 @@ def choose_widths(g: Graph, cal: Calibration,
         qg, info = quantize(g, cal, trial)
         qg = verify(bound_ranges(qg))
         pct = agreement(g, cal, qg, info)
-        narrow = sorted((n for n in info.sqnr_int8 if n not in widths),
-                        key=info.sqnr_int8.get)
+        # a layer whose int8 weights are exact (infinite SQNR: the sums of
+        # passes/reduce_to_dense.py) gains nothing from int16
+        narrow = sorted((n for n, db in info.sqnr_int8.items()
+                         if n not in widths and np.isfinite(db)), key=info.sqnr_int8.get)
         if pct >= MIN_AGREEMENT or not narrow:
             return trial, pct
         widths[narrow[0]] = 16

@@ -106,13 +106,16 @@ def error_bound(g: Graph, info) -> Graph:
             E[y] = np.zeros(n)
             continue
         if op.kind in ("where", "max", "min", "transpose", "slice", "expand", "concat",
-                       "reduce"):
+                       "reduce", "gather"):
             # a selection or a copy: one operand's error, or a rounded
             # constant's half step (the largest: E per element is not tracked
             # through the moves)
             vals = op.inputs[1:] if op.kind == "where" else op.inputs
-            E[y] = np.full(n, max(float(np.max(E[v])) if v in E else
-                                  (0.5 * scale_of(y) if v.is_const else 0.0) for v in vals))
+            if op.kind == "gather":    # the table's values (the indices are exact)
+                vals = [x] if y in info.params else []
+            E[y] = np.full(n, max((float(np.max(E[v])) if v in E else
+                                   0.5 * scale_of(y) if v.is_const else 0.0 for v in vals),
+                                  default=0.0))
             continue
         if op.kind == "trees":
             # each leaf and base value rounded to the sums' step (the tests

@@ -34,6 +34,12 @@ def _feature_vector(c, k: int) -> np.ndarray | None:
     return squeezed if squeezed is not None and squeezed.size == k else None
 
 
+def _origin(*ops: Op) -> tuple:
+    """The ONNX nodes of ops folded into one, each named once (ReduceMean's
+    sum and division are one node)."""
+    return tuple(dict.fromkeys(n for op in ops for n in op.origin))
+
+
 def _fold_once(g: Graph, fresh) -> bool:
     producers, users = g.producers(), g.users()
     for d in g.ops:
@@ -80,7 +86,7 @@ def _fold_once(g: Graph, fresh) -> bool:
                             "in float32 (a divisor of 0?); fixed point needs finite weights")
         ins = [v, const(fresh(f"{d.inputs[1].name}_f"), w32),
                const(fresh(f"{d.inputs[1].name}_fb"), b32)]
-        fused = Op("dense", ins, d.outputs, dict(d.attrs), p.origin + d.origin)
+        fused = Op("dense", ins, d.outputs, dict(d.attrs), _origin(p, d))
         g.ops = [fused if o is d else o for o in g.ops if o is not p]
         return True
     return False
@@ -120,7 +126,7 @@ def _fold_after_once(g: Graph, fresh) -> bool:
                             "in float32 (a divisor of 0?); fixed point needs finite weights")
         ins = [d.inputs[0], const(fresh(f"{d.inputs[1].name}_f"), w32),
                const(fresh(f"{d.inputs[1].name}_fb"), b32)]
-        fused = Op("dense", ins, p.outputs, dict(d.attrs, alpha=alpha), d.origin + p.origin)
+        fused = Op("dense", ins, p.outputs, dict(d.attrs, alpha=alpha), _origin(d, p))
         g.ops = [fused if o is p else o for o in g.ops if o is not d]
         return True
     return False

@@ -477,7 +477,8 @@ class _Lowering:
         x, ind = op.inputs
         outer, n, inner = self.axis_split(x.type.shape, op.attrs["axis"])
         self.kernel("gather", op, {"x": self.operand(x, "x"), "idx": self.operand(ind, "idx"),
-                                   "y": y}, outer=outer, n=n, inner=inner, q=ind.type.numel)
+                                   "y": y}, outer=outer, n=n, inner=inner, q=ind.type.numel,
+                    fill=int(op.attrs.get("fill", 0)))
 
     def reduce(self, op, y):
         """A reduction: loops over the kept axes outside, the reduced ones

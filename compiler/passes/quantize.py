@@ -65,7 +65,8 @@ SUPPORTED_FIXED = ("dense (MatMul/Gemm + bias)", "tree ensembles on graph inputs
                    "Softmax", "ArgMax", "Reshape/Flatten/Identity", "comparisons with a constant",
                    "Not/And/Or", "Where", "Max/Min of values on one scale", "Cast of integers "
                    "and bools, and of an integer input to float", "Transpose, Slice, Split, "
-                   "Expand, Concat, ReduceMax and ReduceMin of values on one scale")
+                   "Expand, Concat, ReduceMax and ReduceMin of values on one scale",
+                   "Gather by integer indices", "ReduceSum and ReduceMean (as a dense layer)")
 
 
 def same_scale(*qs) -> bool:
@@ -294,12 +295,17 @@ def activation_params(lo: float, hi: float, headroom: float) -> QParams:
 
 def tree_leaves(nxt: np.ndarray, root: np.ndarray, branches: int) -> list[list[int]]:
     """Each tree's leaves (leaf indices) from its node table: node
-    ``branches`` + l is leaf l, every smaller index a branch."""
+    ``branches`` + l is leaf l, every smaller index a branch.  Each node
+    is visited once (a BRANCH_MEMBER node's chain of tests shares its two
+    children)."""
     out = []
     for r in root.astype(np.int64):
-        stack, leaves = [int(r)], []
+        stack, leaves, seen = [int(r)], [], set()
         while stack:
             i = stack.pop()
+            if i in seen:
+                continue
+            seen.add(i)
             if i >= branches:
                 leaves.append(i - branches)
             else:
@@ -498,8 +504,8 @@ class _Quantizer:
         has its own encoding, folded into the first dense layer), are
         refused."""
         if op.kind == "reduce" and op.attrs["fn"] not in ("max", "min"):
-            _fail(op, f"a reduction by {op.attrs['fn']} (fixed point keeps no sums of "
-                  "activations but a dense layer's)")
+            _fail(op, f"a reduction by {op.attrs['fn']} (fixed point multiplies activations "
+                  "only by constant weights)")
         like = self.runtime_q(op)
         got = [self.operand(op, v, like) for v in op.inputs]
         if not same_scale(*(q for _, q in got)):
@@ -508,8 +514,46 @@ class _Quantizer:
         q = got[0][1]
         if q is not EXACT:
             q = QParams(q.scale, q.zp, min(g.lo for _, g in got), max(g.hi for _, g in got))
-        self.emit(op.kind, [v for v, _ in got], dict(op.attrs), op.origin, op.output, q,
-                  dtype=got[0][0].type.dtype)
+        out = self.emit(op.kind, [v for v, _ in got], dict(op.attrs), op.origin, op.output, q,
+                        dtype=got[0][0].type.dtype)
+        self.copied(out, [v for v, _ in got])
+
+    def gather(self, op: Op) -> None:
+        """Gather by exact integer indices: a constant float table becomes
+        int16 on its own scale (each value within half a step: the table is
+        known, so no headroom), a runtime one keeps its encoding, an integer
+        table stays exact; an index outside the table gives the zero point,
+        the real 0 float gives.  A graph input's features (each with its own
+        encoding) and float indices are refused."""
+        x, idx = op.inputs
+        iq, qi = self.operand(op, idx)
+        if qi is not EXACT:
+            _fail(op, "a gather by indices computed in float (fixed point takes integer "
+                  "indices: an integer input or a Cast of one)")
+        if x.is_const and x.type.dtype == F32:
+            t = x.data.astype(np.float64)
+            q = activation_params(float(t.min()), float(t.max()), 1.0)
+            xq = const(self.fresh(f"{x.name}_q"), np.clip(np.round(t / q.scale) + q.zp,
+                                                          -32768, 32767).astype(np.int16))
+            q = replace(q, lo=min(int(xq.data.min()), q.zp), hi=max(int(xq.data.max()), q.zp))
+        else:
+            xq, q = self.operand(op, x)
+            if isinstance(q, FirstLayer):
+                _fail(op, "a gather from a graph input (its features have encodings of their "
+                      "own, folded into the first dense layer)")
+            if q is not EXACT:
+                q = replace(q, lo=min(q.lo, q.zp), hi=max(q.hi, q.zp))
+        fill = q.zp if isinstance(q, QParams) else 0
+        self.emit("gather", [xq, iq], {**op.attrs, "fill": fill}, op.origin, op.output, q,
+                  dtype=xq.type.dtype)
+
+    def copied(self, out: Value, ins: list[Value]) -> None:
+        """Records ``out`` as a copy of graph input integers (a slice,
+        reshape, ... of them), which a Cast to float then encodes as it
+        encodes the input itself: every int32/int64 value, none clamped."""
+        runtime = [v for v in ins if not v.is_const]
+        if runtime and all(v in self.graph_inputs | self.input_copies for v in runtime):
+            self.input_copies.add(out)
 
     def rounding(self, op: Op) -> None:
         """Floor, Ceil, Round: the integer k the real value (q - zp) * scale
@@ -542,7 +586,8 @@ class _Quantizer:
             q = EXACT
         if q is EXACT and to != "f32":
             self.emit("cast", [xq], {"to": to}, op.origin, op.output, EXACT, dtype=DTYPES[to])
-        elif q is EXACT and xq in self.graph_inputs and xq.type.dtype in (I32, I64):
+        elif q is EXACT and xq in self.graph_inputs | self.input_copies and \
+                xq.type.dtype in (I32, I64):
             self.first_layer(op.output, xq, [0] * x.type.numel, op.origin, integer=True)
             self.int_source[op.output] = xq     # comparisons use the raw integers
         elif q is EXACT:                   # bools and small integers: exact in int16
@@ -799,6 +844,7 @@ class _Quantizer:
         self.int_source: dict[Value, Value] = {}
         self.narrowed: dict = {}
         self.wide: set[Value] = set()   # tree ensembles' int64 sums (and their reshapes)
+        self.input_copies: set[Value] = set()   # graph input integers moved (copied)
         inputs = [self.input(v) for v in g.inputs]
         self.graph_inputs = set(inputs)
         for op in g.ops:
@@ -834,6 +880,8 @@ class _Quantizer:
                 self.rounding(op)
             elif op.kind in ("transpose", "slice", "expand", "concat", "reduce"):
                 self.move(op)
+            elif op.kind == "gather":
+                self.gather(op)
             elif op.kind in ("not", "and", "or"):
                 self.emit(op.kind, [self.env[v][0] for v in op.inputs], {}, op.origin, op.output,
                           EXACT, dtype=BOOL)
@@ -841,6 +889,7 @@ class _Quantizer:
                 xq, q = self.env[op.inputs[0]]
                 out = self.emit("reshape", [xq], dict(op.attrs), op.origin, op.output, q,
                                 dtype=xq.type.dtype)
+                self.copied(out, [xq])
                 if xq in self.wide:
                     self.wide.add(out)
             else:

@@ -84,12 +84,15 @@ def test_enough_cases_collected():
     ops = {n.op_type for c in CASES for n in c.model.graph.node}
     assert len(CASES) >= 370, len(CASES)
     # onnx's cases of these reductions are float64 (tests/conformance/test_tensor_ops.py)
-    assert ops - {"Binarizer"} - (set(STATIC) - set(SUPPORTED)) == set(SUPPORTED) - {
+    ml = {"Binarizer", "TreeEnsemble"}
+    assert ops - ml - (set(STATIC) - set(SUPPORTED)) == set(SUPPORTED) - {
         "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}, \
         set(SUPPORTED) - ops
-    # onnx's ONNX-ML cases for the ops kmlc compiles: Binarizer's (the rest:
-    # tests/conformance/test_onnx_ml.py)
-    assert "Binarizer" in ops
+    # onnx's ONNX-ML cases for the ops kmlc compiles: Binarizer's and
+    # TreeEnsemble's float one, set membership (the rest:
+    # tests/conformance/test_onnx_ml.py, test_trees.py, test_tree_ensemble_v5.py)
+    assert ml <= ops
+    assert "test_ai_onnx_ml_tree_ensemble_set_membership" in {c.name for c in CASES}
 
 
 def bind(model, inputs):

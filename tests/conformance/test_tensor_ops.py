@@ -142,6 +142,37 @@ def embedding():
     return make_model(nodes, [("x", [1, 3])], [("y", [1, 6])], inits, opset=13)
 
 
+def fixed_pipeline():
+    """Integer features [1, 3]: an embedding row looked up by the first
+    (Gather of a constant table), the others cast to float into a dense
+    layer whose activations are summed over an axis (ReduceSum), averaged
+    over another (ReduceMean) and picked by constant indices (Gather)."""
+    n = helper.make_node
+    rng = np.random.default_rng(1)
+    nodes = [n("Slice", ["x", "z", "one", "ax"], ["i"]), n("Squeeze", ["i", "ax"], ["k"]),
+             n("Gather", ["table", "k"], ["e"], axis=0),
+             n("Slice", ["x", "one", "big", "ax"], ["ri"]), n("Cast", ["ri"], ["rf"], to=1),
+             n("Gemm", ["rf", "w0", "b0"], ["h"], transB=1), n("Relu", ["h"], ["r"]),
+             n("Reshape", ["r", "sh"], ["r3"]),
+             n("ReduceSum", ["r3", "ax"], ["s"], keepdims=0),
+             n("ReduceMean", ["r3"], ["m"], axes=[2], keepdims=0),
+             n("Gather", ["r", "pick"], ["g"], axis=1)]
+    inits = {"z": i64(0), "one": i64(1), "big": i64(99), "ax": i64(1), "sh": i64(1, 2, 4),
+             "table": rng.normal(size=(6, 4)).astype(np.float32),
+             "w0": rng.normal(size=(8, 2)).astype(np.float32),
+             "b0": rng.normal(size=8).astype(np.float32), "pick": i64(2, 0, 7)}
+    m = make_model(nodes, [("x", [1, 3])],
+                   [("e", [1, 4]), ("s", [1, 4]), ("m", [1, 2]), ("g", [1, 3])], inits, opset=13)
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.INT64
+    return m
+
+
+def fixed_pipeline_rows(count, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.concatenate([rng.integers(0, 6, (count, 1)), rng.integers(-50, 50, (count, 2))],
+                          1).astype(np.int64)
+
+
 MODELS = {"features": features, "reductions13": lambda: reductions(13),
           "reductions18": lambda: reductions(18), "movement": movement, "norms": norms,
           "embedding": embedding,
@@ -227,7 +258,7 @@ def test_power_of_negative_numbers_and_zero(tmp_path):
 
 def test_refusals(tmp_path):
     """Runtime exponents, runtime shapes, training-mode BatchNorm, empty
-    slices, and sums of activations in fixed point: one line each."""
+    slices, and products of activations in fixed point: one line each."""
     n = helper.make_node
     for d in "abc":
         (tmp_path / d).mkdir()
@@ -236,11 +267,11 @@ def test_refusals(tmp_path):
     m = make_model([n("Slice", ["x", "s", "e", "a"], ["y"], name="sl")], [("x", [1, 3])],
                    [("y", [1, 0])], {"s": i64(2), "e": i64(1), "a": i64(1)})
     check_refused(m, "empty", "sl", tmp_path / "b")
-    m = make_model([n("ReduceSum", ["x", "a"], ["r"], name="rsum"),
+    m = make_model([n("ReduceProd", ["x", "a"], ["r"], name="rprod"),
                     n("Gemm", ["r", "w"], ["y"], transB=1)], [("x", [1, 3])], [("y", [1, 2])],
-                   {"a": i64(1), "w": np.ones((2, 1), np.float32)})
+                   {"a": i64(1), "w": np.ones((2, 1), np.float32)}, opset=18)
     from kmlc.errors import KmlcError
-    with pytest.raises(KmlcError, match="rsum.*reduction by sum"):
+    with pytest.raises(KmlcError, match="rprod.*reduction by prod"):
         kcompile(m, tmp_path / "c", targets="user", numerics="fixed",
                  calibration=np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32))
 
@@ -272,13 +303,64 @@ def test_fixed_point_moves(tmp_path):
     assert np.mean(a == b) >= 0.995, np.mean(a == b)
 
 
+def test_fixed_point_gathers_and_sums(tmp_path):
+    """Fixed point: the embedding table is int16 on its own scale (each
+    value within half a step), an index outside it gives exactly 0 as in
+    float; ReduceSum and ReduceMean are dense layers of ones (int8, exact
+    sums, one requantization); a gather of activations copies them.  Every
+    output is within the compiler's own error bound of onnxruntime's on
+    rows like the calibration's."""
+    m = fixed_pipeline()
+    onnx.checker.check_model(m, full_check=True)
+    cal = fixed_pipeline_rows(2000)
+    res = kcompile(m, tmp_path / "fx", targets="user", numerics="fixed", calibration=cal)
+    report = (tmp_path / "fx" / "report.txt").read_text()
+    assert "ReduceSum_8 (ReduceSum): 8" in report and "ReduceMean_9 (ReduceMean): 8" in report
+    fx = load(tmp_path / "fx")
+    rows = fixed_pipeline_rows(3000, seed=1)
+    got = fx.run_named(rows)
+    sess = ort.InferenceSession(m.SerializeToString())
+    want = [np.concatenate(z) for z in zip(*[sess.run(None, {"x": r[None]}) for r in rows])]
+    bounds = {o["name"]: o["error_bound"] for o in res.manifest["fixed"]["outputs"]}
+    for (name, a), b in zip(got.items(), want):
+        err = np.abs(a.reshape(b.shape) - b).max()
+        assert 0 < err <= bounds[name], (name, err, bounds[name])
+    oor = np.array([[6, 1, 2], [-7, 1, 2], [10**9, 1, 2], [-2**62, 1, 2]], np.int64)
+    assert np.array_equal(fx.run_named(oor)["e"], np.zeros((4, 1, 4), np.float32))
+    table = next(onnx.numpy_helper.to_array(t) for t in m.graph.initializer if t.name == "table")
+    e = fx.run_named(np.array([[-1, 1, 2]], np.int64))["e"][0, 0]
+    assert np.abs(e - table[5]).max() <= np.abs(table).max() / 32767   # half a step each side
+
+
+def test_fixed_point_never_wraps_a_sliced_integer_input(tmp_path):
+    """An integer input sliced, then cast to float for a dense layer, takes
+    the graph input's encoding (exact over all int64, no clamp): a value
+    beyond int16 saturates the layer's activations (counted), it does not
+    wrap around (it did: 40000 became -25536)."""
+    m = fixed_pipeline()
+    kcompile(m, tmp_path / "fx", targets="user", numerics="fixed",
+             calibration=fixed_pipeline_rows(2000))
+    kcompile(m, tmp_path / "fp", targets="user")
+    fx, fp = load(tmp_path / "fx"), load(tmp_path / "fp")
+    big = np.array([[0, 40000, 2], [0, 70000, -3], [0, 10**6, 2]], np.int64)
+    g, want = fx.run_named(big)["g"][:, 0], fp.run_named(big)["g"][:, 0]
+    top, hot = g.max(), want > 0
+    assert hot.sum() >= 6 and np.all(want[hot] > top) and np.all(g[hot] == top), (g, want)
+    fx.run_named(big[:1])
+    assert fx.last_saturations > 0
+
+
 @pytest.fixture(scope="module")
 def kernel_builds(tmp_path_factory):
     root = tmp_path_factory.mktemp("tensor_ops")
     out = {}
-    for name in ("features", "reductions", "movement", "norms", "embedding"):
+    for name in ("features", "reductions", "movement", "norms", "embedding", "fixed"):
         d = root / name
-        kcompile(MODELS[name](), d, name=f"t_{name}", targets="all")
+        if name == "fixed":      # gathers (with a zero point as fill) and sums as layers
+            kcompile(fixed_pipeline(), d, name="t_fixed", targets="all", numerics="fixed",
+                     calibration=fixed_pipeline_rows(2000))
+        else:
+            kcompile(MODELS[name](), d, name=f"t_{name}", targets="all")
         out[name] = d
     return out
 
