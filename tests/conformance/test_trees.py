@@ -504,3 +504,35 @@ def test_tree_modules_equal_their_twins_under_kunit(kernel_builds, arch):
     assert res["ok"], res["summary"]
     for tag, d in kernel_builds.items():
         assert res["suites"][f"kml_{tag}"]["passed"] == kunit.cases(d) >= 33, res["summary"]
+
+
+@pytest.fixture(scope="module")
+def acceptance_builds(trained, tmp_path_factory):
+    """The acceptance ensembles (every estimator, both feature sets, both
+    numerics) as module, twin and KUnit sources; golden vectors from the
+    held-out rows."""
+    d = tmp_path_factory.mktemp("tree_acceptance")
+    out = {}
+    for (data, name), (est, x, xt) in trained.items():
+        for numerics in ("float", "fixed"):
+            tag = f"ta_{data[0]}{name}_{numerics[:2]}"
+            kmlc.compile(est, xt[:5], d / tag, name=tag, numerics=numerics,
+                         calibration=x if numerics == "fixed" else None,
+                         golden_data=xt[:64], golden_count=64)
+            out[tag] = d / tag
+    return out
+
+
+@pytest.mark.kunit
+@pytest.mark.parametrize("arch", ["um", "x86_64"])
+def test_acceptance_ensembles_equal_their_twins_under_kunit(acceptance_builds, arch):
+    """Every acceptance ensemble (DecisionTree depth 8, RandomForest 100x6,
+    GradientBoosting and LightGBM 200x4, XGBRegressor; Heimdall-like and
+    KML-like features; float and fixed point): the module's C gives the
+    twin's bits on 64 held-out rows, in UML and in an x86_64 kernel."""
+    from kmlc.targets import kunit
+
+    res = kunit.run(list(acceptance_builds.values()), arch=arch)
+    assert res["ok"], res["summary"]
+    for tag, d in acceptance_builds.items():
+        assert res["suites"][f"kml_{tag}"]["passed"] == kunit.cases(d) >= 64, res["summary"]
