@@ -209,13 +209,18 @@ def inspect(model, input_shapes, name, numerics, calibration):
               help="Kernel build directory (default: running kernel's, else installed headers).")
 @click.option("--llvm", is_flag=True, help="Build with LLVM=1 (clang), against --kdir or the "
               "clang-built KUnit kernel (kmlc kunit --arch x86_64 builds it).")
-def build(outdir, kdir, llvm):
+@click.option("--sign", nargs=2, type=click.Path(dir_okay=False), metavar="KEY CERT",
+              help="Sign the .ko with the kernel tree's scripts/sign-file (its "
+              "CONFIG_MODULE_SIG_HASH, else sha256): private key, X.509 certificate.")
+def build(outdir, kdir, llvm, sign):
     """Build OUTDIR/kernel into a .ko with W=1; any warning fails."""
-    from .targets.kernel import build_module, find_kdir, llvm_kdir
+    from .targets.kernel import build_module, find_kdir, llvm_kdir, sign_module
 
     ko = build_module(Path(outdir) / "kernel", kdir=kdir, llvm=llvm)
     k = llvm_kdir(kdir) if llvm else find_kdir(kdir)
-    click.echo(f"kmlc: built {ko} against {k} (W=1{', LLVM=1' if llvm else ''}, 0 warnings)")
+    signed = f", signed {sign_module(ko, *sign, k)}" if sign else ""
+    click.echo(f"kmlc: built {ko} against {k} (W=1{', LLVM=1' if llvm else ''}, 0 warnings"
+               f"{signed})")
 
 
 @cli.command()

@@ -114,6 +114,40 @@ def build_module(moddir: Path, *, kdir=None, llvm: bool = False) -> Path:
     return kos[0]
 
 
+SIG_MAGIC = b"~Module signature appended~\n"
+
+
+def sign_module(ko: Path, key, cert, kdir: Path) -> str:
+    """Signs ``ko`` as Kbuild's modules_sign does: ``kdir``'s
+    scripts/sign-file with the tree's CONFIG_MODULE_SIG_HASH (sha256 where
+    the tree names none), the private key ``key`` (PEM, or a PKCS#11 URI)
+    and the X.509 certificate ``cert`` (PEM or DER) whose key the kernel
+    must trust.  A module signed before is signed afresh (its old
+    signature stripped first, as sign-file appends).  Returns the hash."""
+    ko, tool = Path(ko), Path(kdir) / "scripts" / "sign-file"
+    if not os.access(tool, os.X_OK):
+        raise KmlcError(f"no scripts/sign-file in {kdir}: signing needs the kernel's own tool "
+                        "(Debian ships it in linux-kbuild-*)")
+    for what, f in (("key", key), ("certificate", cert)):
+        if not str(f).startswith("pkcs11:") and not Path(f).is_file():
+            raise KmlcError(f"no such signing {what}", where=str(f))
+    algo = kernel_config(kdir).get("CONFIG_MODULE_SIG_HASH", '"sha256"').strip('"')
+    data = ko.read_bytes()
+    if data.endswith(SIG_MAGIC):       # [module][PKCS#7][12-byte trailer][magic]
+        sig_len = int.from_bytes(data[-len(SIG_MAGIC) - 4:-len(SIG_MAGIC)], "big")
+        data = data[:-len(SIG_MAGIC) - 12 - sig_len]
+    tmp = ko.with_name(ko.name + ".signing")   # the .ko is replaced whole, or left as it was
+    tmp.write_bytes(data)
+    res = subprocess.run([str(tool), algo, str(key), str(cert), str(tmp)], capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        tmp.unlink()
+        why = (res.stderr.strip().splitlines() or ["no output"])[0]
+        raise KmlcError(f"signing {ko.name} with {key} failed: {why}")
+    os.replace(tmp, ko)
+    return algo
+
+
 def kernel_config(kdir: Path) -> dict[str, str]:
     """The build directory's configuration (include/config/auto.conf)."""
     conf = Path(kdir) / "include" / "config" / "auto.conf"
