@@ -779,6 +779,32 @@ def _qact_infer(types, attrs):
 
 
 OPS["qact"] = OpDef("qact", _qact_infer, _qact_eval)
+
+
+# qlin (a: i16[, b: i16 | i64 table]) {za, ma, zb?, mb?, table?, shift, zp}
+#   y = clamp16(round(((a - za) * ma [+ (b - zb) * mb | + b]) / 2^shift) + zp),
+#   or with table "mult" round((a - za) * b / 2^shift) + zp: a linear
+#   function of one or two activations (broadcast as numpy does), a
+#   constant operand's per-element multipliers or offsets in a table of
+#   int64; ties away from zero (kml_round_shift), leaving int16 counted.
+
+def _qlin_infer(types, attrs):
+    _need(types[0].dtype == I16, f"qlin of {types[0]}")
+    return [TensorType(I16, broadcast_shape(*(t.shape for t in types)))]
+
+
+def _qlin_eval(xs, attrs):
+    d = xs[0].astype(np.int64) - attrs["za"]
+    b = xs[1].astype(np.int64) if len(xs) == 2 else None
+    table = attrs.get("table")
+    acc = d * b if table == "mult" else d * attrs["ma"] + (
+        0 if b is None else b if table == "offset" else (b - attrs["zb"]) * attrs["mb"])
+    r = qmath.round_shift(acc, attrs["shift"]) + attrs["zp"]
+    _count(r, *S16)
+    return [qmath.clamp(r, *S16).astype(np.int16)]
+
+
+OPS["qlin"] = OpDef("qlin", _qlin_infer, _qlin_eval)
 OPS["qsoftmax"] = OpDef("qsoftmax", _q_infer(I16), _qsoftmax_eval)
 
 

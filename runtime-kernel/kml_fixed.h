@@ -201,6 +201,23 @@ static inline s64 kml_count16(s64 v, unsigned int *sat)
 	return v;
 }
 
+/*
+ * A linear function of one or two activations (kmlc.ops: qlin):
+ * round(((a - za) * ma + (b - zb) * mb) / 2^shift) + zp, ties away from
+ * zero, saturated to int16 and counted when it leaves it.  A constant
+ * operand's per-element multiplier is ma (b = 0), its offset b (mb = 1).
+ * The compiler proves |(a - za) * ma + (b - zb) * mb| < 2^62 for every
+ * call it generates (passes/bound_ranges.py), so no step overflows.
+ */
+static inline s64 kml_qlin(s64 a, s64 za, s64 ma, s64 b, s64 zb, s64 mb, unsigned int shift,
+			   s64 zp, unsigned int *sat)
+{
+	s64 v = kml_round_shift((a - za) * ma + (b - zb) * mb, shift) + zp;
+
+	*sat += v < -32768 || v > 32767;
+	return kml_clamp(v, -32768, 32767);
+}
+
 /* The same for an encoding with one end only: a ReLU's, or a Clip's. */
 static inline s64 kml_count_above(s64 v, unsigned int *sat)
 {

@@ -162,6 +162,21 @@ def bound_ranges(g: Graph) -> Graph:
             vals = [iv[v] if not v.is_const else (int(v.data.min()), int(v.data.max()))
                     for v in (op.inputs[1:] if op.kind == "where" else op.inputs)]
             out = (min(v[0] for v in vals), max(v[1] for v in vals))
+        elif op.kind == "qlin":        # |acc| < 2^62: every term of kml_round_shift's
+            da = max(abs(xl - a["za"]), abs(xh - a["za"]))
+            if len(op.inputs) == 1:
+                acc = da * abs(a["ma"])
+            else:
+                t = op.inputs[1]
+                tl, th = (int(t.data.min()), int(t.data.max())) if t.is_const else iv[t]
+                tm = max(abs(tl), abs(th))
+                acc = da * tm if a.get("table") == "mult" else da * abs(a["ma"]) + (
+                    tm if a.get("table") == "offset" else
+                    max(abs(tl - a["zb"]), abs(th - a["zb"])) * abs(a["mb"]))
+            if acc >= 2**62:
+                _fail(op, f"its sums reach {acc}, beyond 2^62")
+            a["acc_bound"] = int(acc)
+            out = (-32768, 32767)
         elif op.kind == "gather":      # a table's values, or the fill
             out = (min(xl, a.get("fill", 0)), max(xh, a.get("fill", 0)))
         elif op.kind == "cast":

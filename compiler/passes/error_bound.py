@@ -174,6 +174,16 @@ def error_bound(g: Graph, info) -> Graph:
                 steps = float(_requant_error(dev, a["mult"], a["shift"], a["scale"]).max())
                 req = LIPSCHITZ[a["fn"]] * steps * step_in + lut_error(a["fn"])
                 E[y] = LIPSCHITZ[a["fn"]] * ex + req
+        elif op.kind == "qlin":
+            # the operands' errors times their coefficients, half an output
+            # step, and each integer multiplier's and offset's rounding (at
+            # most half a unit of 2^-shift) over the operand's reach
+            runtime = [v for v in op.inputs if not v.is_const]
+            reach = [max(abs(iv[v][0] - zp_of(v)), abs(iv[v][1] - zp_of(v))) for v in runtime]
+            steps = 0.5 + (sum(reach) * 0.5 + (0.5 if a.get("table") == "offset" else 0.0)) \
+                * 2.0 ** -a["shift"]
+            req = scale_of(y) * steps
+            E[y] = sum(c * float(np.max(E[v])) for c, v in zip(a["coef"], runtime)) + req
         elif op.kind == "qsoftmax":
             k = x.type.shape[a["axis"] % len(x.type.shape)]
             steps = float(_requant_error(xh - xl, a["mult"], a["shift"], a["scale"]).max())

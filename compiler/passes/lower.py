@@ -114,7 +114,8 @@ _SUFFIX = {F32: "f", I16: "_s32", I32: "_s32", I64: "_s64"}
 ELEMENTWISE_DOC = {"compare": "a comparison, 1 or 0", "where": "a ? b : c",
                    "sqrt": "correctly rounded", "exp": "docs/numerics.md", "log": "docs/numerics.md",
                    "erf": "docs/numerics.md",
-                   "round": "round half to even", "cast": "a conversion (docs/numerics.md)"}
+                   "round": "round half to even", "cast": "a conversion (docs/numerics.md)",
+                   "qlin": "fixed point, docs/numerics.md: int16 saturation counted"}
 
 
 def elementwise_expr(op, out: DType) -> str:
@@ -148,6 +149,16 @@ def elementwise_expr(op, out: DType) -> str:
             return f"kml_f32_to{_SUFFIX[to]}({{a}})"
         return f"({to.ctype}){{a}}"
     raise AssertionError(k)
+
+
+def qlin_expr(a: dict) -> str:
+    """A qlin's C expression (kmlc.ops: qlin): kml_fixed.h's kml_qlin, a
+    constant table as the multiplier (table "mult") or the offset."""
+    t = a.get("table")
+    terms = ("{a}", a["za"], "{b}", 0, 0, 0) if t == "mult" else \
+        ("{a}", a["za"], a["ma"], "{b}", 0, 1) if t == "offset" else \
+        ("{a}", a["za"], a["ma"], "{b}", a["zb"], a["mb"])
+    return "kml_qlin(" + ", ".join(map(str, terms)) + f", {a['shift']}, {a['zp']}, &sat)"
 
 
 def carrier(v: Value) -> DType:
@@ -426,16 +437,18 @@ class _Lowering:
                     mode=a["mode"], aggregate=a["aggregate"], sparse=a["sparse"],
                     flags=a["flags"], base=a["base"])
 
-    def ewise(self, op, y):
+    def ewise(self, op, y, expr=None, **extra):
         """An elementwise op: one loop nest over the result, each operand
-        read through its broadcast strides, one C expression per element."""
+        read through its broadcast strides, one C expression per element
+        (``expr``: a fixed-point op's, which counts saturations)."""
         shape = op.output.type.shape
         roles = "abc"[:len(op.inputs)]
         dims = coalesce(shape, *(broadcast_strides(v.type.shape, shape) for v in op.inputs),
                         contiguous_strides(shape))
         ops = {r: self.operand(v, r) for r, v in zip(roles, op.inputs)}
         self.kernel("ewise", op, {**ops, "y": y}, dims=dims,
-                    expr=elementwise_expr(op, y.dtype), what=ELEMENTWISE_DOC.get(op.kind, ""))
+                    expr=expr or elementwise_expr(op, y.dtype),
+                    what=ELEMENTWISE_DOC.get(op.kind, ""), **extra)
 
     def move(self, op, y):
         """Transpose, slice, concat and expand: strided copies, one loop
@@ -565,6 +578,8 @@ class _Lowering:
                 self.qdense(op, y)
             elif op.kind == "trees":
                 self.trees(op, y)
+            elif op.kind == "qlin":
+                self.ewise(op, y, expr=qlin_expr(op.attrs), counts=True)
             elif op.kind == "qact":
                 self.kernel("qact", op, {"x": self.operand(x, "x"), "y": y}, n=x.type.numel,
                             counts=op.attrs["mode"] in ("leaky", "neg", "abs", "requant"),

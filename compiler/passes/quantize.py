@@ -66,7 +66,8 @@ SUPPORTED_FIXED = ("dense (MatMul/Gemm + bias)", "tree ensembles on graph inputs
                    "Not/And/Or", "Where", "Max/Min of values on one scale", "Cast of integers "
                    "and bools, and of an integer input to float", "Transpose, Slice, Split, "
                    "Expand, Concat, ReduceMax and ReduceMin of values on one scale",
-                   "Gather by integer indices", "ReduceSum and ReduceMean (as a dense layer)")
+                   "Gather by integer indices", "ReduceSum and ReduceMean (as a dense layer)",
+                   "Add and Sub of activations and constants, Mul and Div by constants")
 
 
 def same_scale(*qs) -> bool:
@@ -547,6 +548,61 @@ class _Quantizer:
         self.emit("gather", [xq, iq], {**op.attrs, "fill": fill}, op.origin, op.output, q,
                   dtype=xq.type.dtype)
 
+    def arith(self, op: Op) -> None:
+        """Add, Sub of activations and constants, Mul and Div by constants:
+        one ``qlin``, y = round(sum of (q_k - z_k) * M_k [+ C] / 2^S) + zp_y
+        with M_k = s_k * c_k / s_y * 2^S (c_k the operand's coefficient: 1,
+        -1, a constant's element or its reciprocal) and C = c / s_y * 2^S
+        for an added constant, each rounded to an integer, S the largest
+        with every |M_k| < 2^30 (docs/numerics.md, "Arithmetic").  A
+        product or quotient of two runtime values is refused."""
+        a, b = op.inputs
+        kind = op.kind
+        if not a.is_const and not b.is_const:
+            if kind in ("mul", "div"):
+                _fail(op, f"a {'product' if kind == 'mul' else 'quotient'} of two runtime "
+                      "values (fixed point multiplies activations only by constants)")
+            (aq, qa), (bq, qb) = self.per_tensor(op, a), self.per_tensor(op, b)
+            coef = [(aq, qa, 1.0), (bq, qb, 1.0 if kind == "add" else -1.0)]
+            table = None
+        else:
+            x, c = (b, a) if a.is_const else (a, b)
+            if kind == "div" and a.is_const:
+                _fail(op, "a division by a runtime value")
+            xq, qx = self.per_tensor(op, x)
+            cv = c.data.astype(np.float64)
+            if kind in ("mul", "div"):
+                if kind == "div" and np.any(cv == 0):
+                    _fail(op, "a division by a constant 0")
+                coef, table = [(xq, qx, cv if kind == "mul" else 1.0 / cv)], "mult"
+            else:        # x + c, x - c, c - x
+                coef = [(xq, qx, -1.0 if (kind == "sub" and a.is_const) else 1.0)]
+                table = "offset"
+                cv = -cv if (kind == "sub" and not a.is_const) else cv
+        q = activation_params(*self.range(op.output), self.opts.headroom)
+        ratios = [np.abs(np.asarray(r * qk.scale / q.scale, np.float64)).max()
+                  for _, qk, r in coef]
+        big = max(max(ratios), 1e-300)
+        shift = int(np.clip(29 - np.floor(np.log2(big)), 0, 62))
+        m = [np.round(np.asarray(r, np.float64) * qk.scale / q.scale * 2.0 ** shift)
+             for _, qk, r in coef]
+        attrs = {"za": coef[0][1].zp, "shift": shift, "zp": q.zp,
+                 "coef": [float(np.abs(np.asarray(r, np.float64)).max()) for _, _, r in coef]}
+        ins = [coef[0][0]]
+        if table == "mult":
+            ins.append(const(self.fresh(f"{op.output.name}_m"), m[0].astype(np.int64)))
+            attrs.update(table="mult", ma=0)
+        else:
+            attrs["ma"] = int(m[0])
+            if table == "offset":
+                off = np.round(cv / q.scale * 2.0 ** shift)
+                ins.append(const(self.fresh(f"{op.output.name}_c"), off.astype(np.int64)))
+                attrs["table"] = "offset"
+            else:
+                ins.append(coef[1][0])
+                attrs.update(zb=coef[1][1].zp, mb=int(m[1]))
+        self.emit("qlin", ins, attrs, op.origin, op.output, q)
+
     def copied(self, out: Value, ins: list[Value]) -> None:
         """Records ``out`` as a copy of graph input integers (a slice,
         reshape, ... of them), which a Cast to float then encodes as it
@@ -882,6 +938,8 @@ class _Quantizer:
                 self.move(op)
             elif op.kind == "gather":
                 self.gather(op)
+            elif op.kind in ("add", "sub", "mul", "div"):
+                self.arith(op)
             elif op.kind in ("not", "and", "or"):
                 self.emit(op.kind, [self.env[v][0] for v in op.inputs], {}, op.origin, op.output,
                           EXACT, dtype=BOOL)

@@ -167,6 +167,28 @@ def fixed_pipeline():
     return m
 
 
+def fixed_arithmetic():
+    """Arithmetic on activations in fixed point: a residual Add of two
+    layers' outputs, BatchNormalization kept (after the Add, nothing to fold
+    into), Sub of two activations, Div by a constant, Sum of three and Mean
+    of two activations, a constant minus an activation, and a last layer."""
+    n = helper.make_node
+    rng = np.random.default_rng(2)
+    nodes = [n("Gemm", ["x", "w0", "b0"], ["h"], transB=1), n("Relu", ["h"], ["r"]),
+             n("Gemm", ["x", "w1", "b1"], ["h2"], transB=1), n("Add", ["r", "h2"], ["res"]),
+             n("BatchNormalization", ["res", "sc", "bi", "mu", "va"], ["bn"]),
+             n("Sub", ["bn", "r"], ["d"]), n("Div", ["d", "three"], ["q"]),
+             n("Sum", ["q", "r", "h2"], ["s3"]), n("Mean", ["q", "r"], ["mn"]),
+             n("Sub", ["one", "mn"], ["om"]), n("Gemm", ["s3", "w2", "b2"], ["y"], transB=1)]
+    f = lambda *s: rng.normal(size=s).astype(np.float32)  # noqa: E731
+    inits = {"w0": f(6, 4), "b0": f(6), "w1": f(6, 4), "b1": f(6), "sc": f(6), "bi": f(6),
+             "mu": f(6), "va": rng.uniform(0.5, 2, size=6).astype(np.float32),
+             "three": np.float32(3), "one": np.float32([1, 2, 3, 4, 5, 6]), "w2": f(2, 6),
+             "b2": np.zeros(2, np.float32)}
+    return make_model(nodes, [("x", [1, 4])], [("y", [1, 2]), ("om", [1, 6]), ("bn", [1, 6])],
+                      inits, opset=15)
+
+
 def fixed_pipeline_rows(count, seed=0):
     rng = np.random.default_rng(seed)
     return np.concatenate([rng.integers(0, 6, (count, 1)), rng.integers(-50, 50, (count, 2))],
@@ -332,6 +354,39 @@ def test_fixed_point_gathers_and_sums(tmp_path):
     assert np.abs(e - table[5]).max() <= np.abs(table).max() / 32767   # half a step each side
 
 
+def test_fixed_point_arithmetic_on_activations(tmp_path):
+    """Add, Sub, Sum and Mean of activations, Mul and Div by constants, a
+    kept BatchNormalization: one linear kernel each (an integer multiplier
+    per operand, one rounding), every output within the compiler's own
+    error bound of onnxruntime's on fresh rows; a product or quotient of
+    two runtime values is refused in one line."""
+    m = fixed_arithmetic()
+    onnx.checker.check_model(m, full_check=True)
+    rng = np.random.default_rng(7)
+    res = kcompile(m, tmp_path / "fx", targets="user", numerics="fixed",
+                   calibration=rng.normal(size=(2000, 4)).astype(np.float32))
+    assert (tmp_path / "fx" / "report.txt").read_text().count("kml_qlin(") == 10
+    rows = rng.normal(size=(3000, 4)).astype(np.float32)
+    got = load(tmp_path / "fx").run_named(rows)
+    sess = ort.InferenceSession(m.SerializeToString())
+    want = [np.concatenate(z) for z in zip(*[sess.run(None, {"x": r[None]}) for r in rows])]
+    bounds = {o["name"]: o["error_bound"] for o in res.manifest["fixed"]["outputs"]}
+    for (name, a), b in zip(got.items(), want):
+        err = np.abs(a.reshape(b.shape) - b).max()
+        assert 0 < err <= bounds[name] < 0.01 * np.abs(b).max(), (name, err, bounds[name])
+    n = helper.make_node
+    cal = rng.normal(size=(64, 3)).astype(np.float32)
+    from kmlc.errors import KmlcError
+    for op, ins, why in (("Mul", ["r", "r"], "product of two runtime values"),
+                         ("Div", ["two", "h"], "division by a runtime value")):
+        bad = make_model([n("Gemm", ["x", "w", "b"], ["h"], transB=1), n("Relu", ["h"], ["r"]),
+                          n(op, ins, ["y"], name="bad")], [("x", [1, 3])], [("y", [1, 2])],
+                         {"w": np.ones((2, 3), np.float32), "b": np.ones(2, np.float32),
+                          "two": np.float32(2)})
+        with pytest.raises(KmlcError, match=f"bad.*{why}"):
+            kcompile(bad, tmp_path / op, targets="user", numerics="fixed", calibration=cal)
+
+
 def test_fixed_point_never_wraps_a_sliced_integer_input(tmp_path):
     """An integer input sliced, then cast to float for a dense layer, takes
     the graph input's encoding (exact over all int64, no clamp): a value
@@ -354,11 +409,15 @@ def test_fixed_point_never_wraps_a_sliced_integer_input(tmp_path):
 def kernel_builds(tmp_path_factory):
     root = tmp_path_factory.mktemp("tensor_ops")
     out = {}
-    for name in ("features", "reductions", "movement", "norms", "embedding", "fixed"):
+    for name in ("features", "reductions", "movement", "norms", "embedding", "fixed", "arith"):
         d = root / name
         if name == "fixed":      # gathers (with a zero point as fill) and sums as layers
             kcompile(fixed_pipeline(), d, name="t_fixed", targets="all", numerics="fixed",
                      calibration=fixed_pipeline_rows(2000))
+        elif name == "arith":    # linear kernels of activations, counting saturations
+            kcompile(fixed_arithmetic(), d, name="t_arith", targets="all", numerics="fixed",
+                     calibration=np.random.default_rng(7).normal(size=(2000, 4)).astype(
+                         np.float32))
         else:
             kcompile(MODELS[name](), d, name=f"t_{name}", targets="all")
         out[name] = d
