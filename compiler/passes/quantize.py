@@ -532,10 +532,8 @@ class _Quantizer:
             _fail(op, "a gather by indices computed in float (fixed point takes integer "
                   "indices: an integer input or a Cast of one)")
         if x.is_const and x.type.dtype == F32:
-            t = x.data.astype(np.float64)
-            q = activation_params(float(t.min()), float(t.max()), 1.0)
-            xq = const(self.fresh(f"{x.name}_q"), np.clip(np.round(t / q.scale) + q.zp,
-                                                          -32768, 32767).astype(np.int16))
+            xq, q = self.operand(op, x, activation_params(float(x.data.min()),
+                                                          float(x.data.max()), 1.0))
             q = replace(q, lo=min(int(xq.data.min()), q.zp), hi=max(int(xq.data.max()), q.zp))
         else:
             xq, q = self.operand(op, x)
@@ -580,12 +578,10 @@ class _Quantizer:
                 table = "offset"
                 cv = -cv if (kind == "sub" and not a.is_const) else cv
         q = activation_params(*self.range(op.output), self.opts.headroom)
-        ratios = [np.abs(np.asarray(r * qk.scale / q.scale, np.float64)).max()
-                  for _, qk, r in coef]
-        big = max(max(ratios), 1e-300)
+        exact = [np.asarray(r, np.float64) * qk.scale / q.scale for _, qk, r in coef]
+        big = max(max(float(np.abs(e).max()) for e in exact), 1e-300)
         shift = int(np.clip(29 - np.floor(np.log2(big)), 0, 62))
-        m = [np.round(np.asarray(r, np.float64) * qk.scale / q.scale * 2.0 ** shift)
-             for _, qk, r in coef]
+        m = [np.round(e * 2.0 ** shift) for e in exact]
         attrs = {"za": coef[0][1].zp, "shift": shift, "zp": q.zp,
                  "coef": [float(np.abs(np.asarray(r, np.float64)).max()) for _, _, r in coef]}
         ins = [coef[0][0]]
