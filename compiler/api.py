@@ -231,6 +231,9 @@ def compile(model, inputs_or_outdir=None, /, outdir=None, *, params=None, target
                                                               np.iinfo(xs.dtype).max)
                 xs[-3:] = np.array([lo, hi, 0], dtype=xs.dtype)[:, None]
             goldens = (xs, twin.run_raw(xs), twin.last_saturations.copy())
+            # the same vectors for anyone's checking: kmlc run --goldens [--arch]
+            np.savez(tmp / "goldens.npz", inputs=goldens[0], outputs=goldens[1],
+                     saturations=goldens[2])
         _write(tmp, render(targets, goldens))
         if "user" not in targets:
             shutil.rmtree(twin_dir)
@@ -308,13 +311,38 @@ def pack(model, like, out, *, example_inputs=None, calibration: np.ndarray | Non
             "weight_bytes": prog.weight_bytes, "structure_sha256": meta["structure_sha256"]}
 
 
-def load(outdir, weights=None):
+def load(outdir, weights=None, arch: str | None = None):
     """Open a compiled model's userspace twin (``kmlc.targets.user.Twin``),
     on the weight set ``weights`` (a ``.kmlw`` blob's path or bytes, from
-    ``kmlc pack``) or, by default, the one it was compiled with."""
-    from .targets.user import Twin
+    ``kmlc pack``) or, by default, the one it was compiled with; with
+    ``arch`` ("arm64"), the twin built for that architecture, run under
+    qemu-user (``ForeignTwin``)."""
+    from .targets.user import ForeignTwin, Twin
 
+    if arch:
+        return ForeignTwin(outdir, arch=arch, weights=weights)
     return Twin(outdir, weights=weights)
+
+
+def check_goldens(twin, outdir: Path) -> int:
+    """Runs ``twin`` on OUTDIR's golden vectors (goldens.npz: the raw
+    inputs, and the outputs and saturation counts KUnit and the module's
+    self-test expect) and returns their count if every output is the same
+    bit for bit; else raises, naming the first vector that differs."""
+    path = Path(outdir) / "goldens.npz"
+    if not path.is_file():
+        raise KmlcError("no golden vectors here (compile with --target kernel or kunit)",
+                        where=str(path))
+    with np.load(path) as g:
+        xs, ys, sat = g["inputs"], g["outputs"], g["saturations"]
+    got = twin.run_raw(xs)
+    same = (got.view(np.uint8).reshape(len(xs), -1) == ys.view(np.uint8).reshape(len(xs), -1)
+            ).all(axis=1) & (twin.last_saturations == sat)
+    if not same.all():
+        i = int(np.flatnonzero(~same)[0])
+        raise KmlcError(f"golden vector {i}: the twin's outputs differ from the compiled ones "
+                        f"({int((~same).sum())} of {len(xs)} vectors differ)", where=str(path))
+    return len(xs)
 
 
 # --------------------------------------------------------------------------

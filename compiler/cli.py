@@ -212,15 +212,39 @@ def inspect(model, input_shapes, name, numerics, calibration):
 @click.option("--sign", nargs=2, type=click.Path(dir_okay=False), metavar="KEY CERT",
               help="Sign the .ko with the kernel tree's scripts/sign-file (its "
               "CONFIG_MODULE_SIG_HASH, else sha256): private key, X.509 certificate.")
-def build(outdir, kdir, llvm, sign):
+@click.option("--arch", default="x86_64", show_default=True, type=click.Choice(["x86_64", "arm64"]),
+              help="arm64: cross-build with aarch64-linux-gnu-gcc against Debian's arm64 headers "
+              "of the same kernel (fetched once), or --kdir.")
+def build(outdir, kdir, llvm, sign, arch):
     """Build OUTDIR/kernel into a .ko with W=1; any warning fails."""
-    from .targets.kernel import build_module, find_kdir, llvm_kdir, sign_module
+    from .targets.kernel import build_module, sign_module, target_kdir
 
-    ko = build_module(Path(outdir) / "kernel", kdir=kdir, llvm=llvm)
-    k = llvm_kdir(kdir) if llvm else find_kdir(kdir)
+    ko = build_module(Path(outdir) / "kernel", kdir=kdir, llvm=llvm, arch=arch)
+    k = target_kdir(kdir, llvm=llvm, arch=arch)
     signed = f", signed {sign_module(ko, *sign, k)}" if sign else ""
-    click.echo(f"kmlc: built {ko} against {k} (W=1{', LLVM=1' if llvm else ''}, 0 warnings"
-               f"{signed})")
+    click.echo(f"kmlc: built {ko} against {k} ({arch}, W=1{', LLVM=1' if llvm else ''}, "
+               f"0 warnings{signed})")
+
+
+@cli.command()
+@click.argument("outdir", type=click.Path(file_okay=False))
+@click.option("--dkms", is_flag=True, help="Write a DKMS source tree (DIR/<package>-<version>).")
+@click.option("--deb", is_flag=True, help="Write Debian packages: the DKMS source (depends on "
+              "dkms), and the userspace twin when OUTDIR has one.")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False),
+              help="The directory to write into (created if missing).")
+@click.option("--version", "pkg_version", default="1.0", show_default=True,
+              help="The package version: raise it for every build you ship.")
+@click.option("--maintainer", default="kmlc <kmlc@localhost>", show_default=True,
+              help="The Debian packages' Maintainer field, 'Name <email>'.")
+def package(outdir, dkms, deb, output, pkg_version, maintainer):
+    """Package OUTDIR's kernel module for other machines: a DKMS source tree
+    (--dkms), Debian packages (--deb), or both (docs/targets.md)."""
+    from .targets.package import package as kpackage
+
+    for f in kpackage(outdir, output, dkms=dkms, deb=deb, version=pkg_version,
+                      maintainer=maintainer):
+        click.echo(f"kmlc: wrote {f}")
 
 
 @cli.command()
@@ -250,17 +274,32 @@ def pack(model, input_shapes, like, output, calibration, set_version):
 
 @cli.command()
 @click.argument("outdir", type=click.Path(file_okay=False))
-@click.option("--input", "input_", required=True, type=click.Path(dir_okay=False),
+@click.option("--input", "input_", type=click.Path(dir_okay=False),
               help="float32 .npy of shape (N, in_elems).")
-@click.option("--output", required=True, type=click.Path(dir_okay=False),
+@click.option("--output", type=click.Path(dir_okay=False),
               help="Where to write float32 (N, out_elems).")
 @click.option("--weights", type=click.Path(dir_okay=False),
               help="A weight set (.kmlw, from kmlc pack) to run instead of the compiled one.")
-def run(outdir, input_, output, weights):
-    """Run the twin in OUTDIR on every row of --input."""
+@click.option("--arch", type=click.Choice(["arm64"]),
+              help="Run the twin built for this architecture, under qemu-user (slow: for "
+              "checking that it computes the same bits).")
+@click.option("--goldens", is_flag=True,
+              help="Instead of --input/--output: run the golden vectors (OUTDIR/goldens.npz, "
+              "what KUnit and the self-test check) and compare the outputs bit for bit.")
+def run(outdir, input_, output, weights, arch, goldens):
+    """Run the twin in OUTDIR on every row of --input (or its golden vectors)."""
     from .api import load
 
-    twin = load(outdir, weights=weights)
+    if goldens == bool(input_ or output) or bool(input_) != bool(output):
+        raise click.UsageError("give --input and --output, or --goldens")
+    twin = load(outdir, weights=weights, arch=arch)
+    if goldens:
+        from .api import check_goldens
+
+        n = check_goldens(twin, Path(outdir))
+        click.echo(f"kmlc: {n}/{n} golden vectors bit-identical ({arch or 'this machine'}'s "
+                   "twin)")
+        return
     x = _load_npy(input_, "input")
     if x.ndim != 2 or x.shape[1] != twin.in_elems:
         raise KmlcError(f"has shape {tuple(x.shape)}; {twin.name} takes rows of "
@@ -356,14 +395,20 @@ def kunit(outdirs, arch, jobs):
               help="A weight set (kmlc pack) to hot-swap in, repeatable: 100 swaps cycle "
                    "through them while the hook runs, each checked against the twin, then "
                    "forgeries and rollback (docs/weights.md).")
-def qemu_test(outdirs, kernel, kdir, script, timeout, log_path, weights):
+@click.option("--ko", type=click.Path(dir_okay=False),
+              help="With one OUTDIR: boot this module, built elsewhere for the kernel booted "
+                   "(by DKMS, say), instead of building OUTDIR/kernel.")
+def qemu_test(outdirs, kernel, kdir, script, timeout, log_path, weights, ko):
     """Boot a kernel in qemu, load the modules and test their hooks."""
     from .targets.qemu import run as run_qemu
 
+    if ko and len(outdirs) != 1:
+        raise KmlcError("--ko names the module of one model: give one OUTDIR with it")
     res = run_qemu([Path(d) for d in outdirs], kernel=kernel, kdir=kdir,
                    script=Path(script) if script else None, timeout=timeout,
                    log_path=Path(log_path) if log_path else None,
-                   weights=[Path(w) for w in weights])
+                   weights=[Path(w) for w in weights],
+                   modules={Path(outdirs[0]): Path(ko)} if ko else None)
     if not res["ok"]:
         raise KmlcError("qemu test failed: " + "; ".join(
             ln for ln in res["lines"] if "PASS" not in ln and "INFO" not in ln))

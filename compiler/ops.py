@@ -811,9 +811,22 @@ OPS["qsoftmax"] = OpDef("qsoftmax", _q_infer(I16), _qsoftmax_eval)
 # ---- whole graphs -------------------------------------------------------------
 
 def interpret(g: Graph, *inputs: np.ndarray) -> list[np.ndarray]:
-    """Run ``g`` on numpy inputs with the reference evaluator."""
+    """Run ``g`` on numpy inputs with the reference evaluator; float32
+    outputs with their NaNs canonical, as the C's entry point leaves them
+    (kml_canon_nan_f32, docs/numerics.md)."""
     env = run_all(g, *inputs)
-    return [v.data if v.is_const else env[v] for v in g.outputs]
+    return [canon_nan(v.data if v.is_const else env[v]) for v in g.outputs]
+
+
+CANONICAL_NAN = np.uint32(0x7FC00000).view(np.float32)
+
+
+def canon_nan(a: np.ndarray) -> np.ndarray:
+    """``a`` with every float32 NaN the quiet NaN 0x7fc00000."""
+    a = np.asarray(a)
+    if a.dtype != np.float32 or not np.isnan(a).any():
+        return a
+    return np.where(np.isnan(a), CANONICAL_NAN, a).astype(np.float32)
 
 
 def saturations(g: Graph, *inputs: np.ndarray) -> int:

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The userspace twin's stand-in for kernel_fpu_begin/end
+ * The userspace twin's stand-in for kernel_fpu_begin/end (kernel_neon_begin/end)
  *
  * kernel_fpu_begin() loads MXCSR_DEFAULT (0x1f80: round to nearest even,
  * no flush-to-zero, no denormals-are-zero, all exceptions masked).  A
@@ -27,8 +27,27 @@ static inline void kml_fpu_end(unsigned int *saved)
 {
 	_mm_setcsr(*saved);
 }
+#elif defined(__aarch64__)
+/*
+ * arm64: the module loads FPCR with 0 for its FPU section (kml_fpu.h): round
+ * to nearest even, no flush-to-zero, no default NaN.  So does the twin.
+ */
+static inline int kml_fpu_begin(unsigned int *saved)
+{
+	unsigned long fpcr;
+
+	__asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+	*saved = (unsigned int)fpcr;
+	__asm__ volatile("msr fpcr, %0" : : "r"(0UL));
+	return 0;
+}
+
+static inline void kml_fpu_end(unsigned int *saved)
+{
+	__asm__ volatile("msr fpcr, %0" : : "r"((unsigned long)*saved));
+}
 #else
-#error "kmlc's float twin pins the x86 MXCSR; port kml_user_fpu.h to this architecture"
+#error "kmlc's float twin pins the FPU's control register (x86 MXCSR, arm64 FPCR): port this"
 #endif
 
 #endif /* KML_USER_FPU_H */

@@ -50,11 +50,14 @@ step() {	# step WHAT CMD...: CMD's output into LOG, one line with its time
 # debug kernel), the PREEMPT_RT headers, 6.12's source (the NFS hook's
 # tracepoint prototypes are checked against it), qemu (KUnit on x86_64,
 # the hooks in real kernels), clang (second compiler for the twin),
-# e2fsprogs (the admission hook's ext4 test)
+# e2fsprogs (the admission hook's ext4 test), dkms (kmlc package: the .deb
+# is installed and DKMS builds it for each kernel), the arm64 cross compiler
+# and qemu-user (kmlc build/run --arch arm64; Debian's arm64 kernel headers
+# are fetched with apt-get download, so arm64 is added as a dpkg architecture)
 PACKAGES=(build-essential bc bison flex libelf-dev libssl-dev kmod cpio xz-utils perl
 	python3 python3-venv python3-dev linux-headers-amd64 linux-headers-rt-amd64
 	linux-source-6.1 linux-source-6.12 qemu-system-x86 clang libclang-rt-dev lld llvm
-	dwarves e2fsprogs)
+	dwarves e2fsprogs dkms gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
@@ -66,7 +69,13 @@ have612=$(ls -d /usr/src/linux-headers-6.12.*-amd64 2>/dev/null | head -1 || tru
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
-if ((${#missing[@]})) || [ -z "$have612" ]; then
+arm64=yes
+dpkg --print-foreign-architectures | grep -qx arm64 || arm64=""
+if [ -z "$arm64" ]; then
+	step "adding arm64 as a dpkg architecture (its kernel headers)" \
+		$SUDO dpkg --add-architecture arm64
+fi
+if ((${#missing[@]})) || [ -z "$have612" ] || [ -z "$arm64" ]; then
 	step "updating the Debian package lists" $SUDO apt-get update -q
 fi
 if [ -z "$have612" ]; then

@@ -551,7 +551,7 @@ def binding_context(prog: Program) -> dict:
     from ..hooks.base import c_value, doc_value
 
     hook = hook_owner(prog)
-    needs = [] if prog.numerics == "fixed" else [("X86_64", "the float model's FPU section")]
+    needs = []          # a float model's FPU section: fpu_flags.mk.j2 checks (x86-64 or arm64)
     if hook is not None:
         needs += [n for n in hook.kconfig if n not in needs]
     if hook is None:

@@ -5,6 +5,14 @@ running kernel's ``/lib/modules/$(uname -r)/build``, else the newest
 ``/usr/src/linux-headers-*`` tree Debian's ``linux-headers-amd64`` installed.
 ``build_module`` runs ``make M=... W=1 modules`` there and treats any
 compiler warning as a failure: generated code must build cleanly.
+
+``--arch arm64`` cross-builds with ``aarch64-linux-gnu-gcc`` against
+Debian's own arm64 headers for the same kernel (``arm64_kdir``): the
+``linux-headers-<release>-arm64`` package, unpacked under
+``~/.cache/kmlc/arm64/``, whose ``scripts`` are this machine's
+``linux-kbuild`` (the host tools: fixdep, modpost) and whose configuration,
+generated headers and Module.symvers are Debian's arm64 kernel's, so that
+the module loads in that kernel.
 """
 from __future__ import annotations
 
@@ -77,37 +85,117 @@ def llvm_kdir(kdir=None) -> Path:
     return k
 
 
-def make_command(kdir: Path, moddir: Path, *, llvm: bool = False, jobs: int | None = None):
+ARCHES = ("x86_64", "arm64")
+CROSS = {"arm64": "aarch64-linux-gnu-"}
+
+
+def make_command(kdir: Path, moddir: Path, *, llvm: bool = False, jobs: int | None = None,
+                 arch: str = "x86_64"):
     if not shutil.which("make"):
         raise KmlcError("make is not installed; run the README's setup command")
     cmd = ["make", "-C", str(kdir), f"M={moddir.resolve()}", "W=1",
            f"-j{jobs or os.cpu_count() or 1}"]
+    if arch in CROSS:
+        cmd += [f"ARCH={arch}", f"CROSS_COMPILE={CROSS[arch]}"]
     if llvm:
         cmd.append("LLVM=1")
     return cmd
 
 
-def build_module(moddir: Path, *, kdir=None, llvm: bool = False) -> Path:
+def arm64_kdir(kdir=None) -> Path:
+    """The arm64 kernel build directory modules are cross-built against:
+    ``kdir`` if given, else Debian's arm64 headers for the release of
+    Debian's default x86-64 kernel (6.1.0-N-amd64 -> 6.1.0-N-arm64),
+    fetched and unpacked once."""
+    from .kunit import cache_dir, locked
+
+    if kdir:
+        return find_kdir(kdir)
+    if not shutil.which("aarch64-linux-gnu-gcc"):
+        raise KmlcError("aarch64-linux-gnu-gcc is not installed (Debian's "
+                        "gcc-aarch64-linux-gnu; the README's setup installs it)")
+    amd64 = find_kdir()
+    release = amd64.name.removeprefix("linux-headers-")
+    if not release.endswith("-amd64"):
+        raise KmlcError(f"cannot tell Debian's arm64 kernel from {amd64}: pass --kdir with an "
+                        "arm64 kernel build directory")
+    release = release[:-len("-amd64")] + "-arm64"
+    root = cache_dir() / "arm64" / release
+    tree = root / "usr" / "src" / f"linux-headers-{release}"
+    with locked("arm64"):
+        if not (root / "ok").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir(parents=True)
+            _download(f"linux-headers-{release}:arm64", root)
+            # the host tools are this machine's linux-kbuild, the same version
+            for link in ("scripts", "tools"):
+                target = os.readlink(tree / link)          # ../../lib/linux-kbuild-X/...
+                (tree / link).unlink()
+                (tree / link).symlink_to("/usr/lib/" + target.split("/lib/", 1)[1])
+            (root / "ok").write_text(release + "\n")
+    if not (tree / "scripts" / "mod" / "modpost").exists():
+        raise KmlcError(f"{tree}/scripts: this machine's linux-kbuild does not match Debian's "
+                        f"arm64 {release} headers (install the linux-headers-amd64 of the same "
+                        "kernel)")
+    return tree
+
+
+def _download(pkg: str, dest: Path) -> None:
+    """apt-get download ``pkg`` and unpack it into ``dest`` (arm64 packages
+    need ``dpkg --add-architecture arm64`` and apt-get update first)."""
+    import tempfile
+
+    if not shutil.which("apt-get"):
+        raise KmlcError(f"apt-get is needed to fetch {pkg} (Debian only)")
+    with tempfile.TemporaryDirectory() as d:
+        os.chmod(d, 0o755)                          # apt's sandbox user writes here
+        res = subprocess.run(["apt-get", "download", pkg], cwd=d, capture_output=True, text=True)
+        debs = list(Path(d).glob("*.deb"))
+        if res.returncode or not debs:
+            hint = (" (is arm64 a dpkg architecture here? dpkg --add-architecture arm64 && "
+                    "apt-get update: the README's setup does)" if ":arm64" in pkg else "")
+            raise KmlcError(f"apt-get download {pkg} failed: "
+                            f"{(res.stderr.strip().splitlines() or ['no output'])[-1]}{hint}")
+        subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(dest)], check=True)
+
+
+def target_kdir(kdir=None, *, llvm: bool = False, arch: str = "x86_64") -> Path:
+    """The build directory a module for ``arch`` (with clang if ``llvm``)
+    is built against."""
+    if arch not in ARCHES:
+        raise KmlcError(f"unknown --arch {arch}; choose from {', '.join(ARCHES)}")
+    if arch == "arm64":
+        if llvm:
+            raise KmlcError("--arch arm64 with --llvm is not supported yet: Debian's arm64 "
+                            "headers are configured for gcc")
+        return arm64_kdir(kdir)
+    return llvm_kdir(kdir) if llvm else find_kdir(kdir)
+
+
+def build_module(moddir: Path, *, kdir=None, llvm: bool = False, arch: str = "x86_64") -> Path:
     """Build the module in ``moddir`` (OUTDIR/kernel); returns the .ko path."""
     moddir = Path(moddir)
     if not (moddir / "Kbuild").is_file():
         raise KmlcError("no Kbuild here; compile with --target kernel (or all)",
                         where=str(moddir))
-    k = llvm_kdir(kdir) if llvm else find_kdir(kdir)
-    res = subprocess.run(make_command(k, moddir, llvm=llvm) + ["modules"],
+    k = target_kdir(kdir, llvm=llvm, arch=arch)
+    res = subprocess.run(make_command(k, moddir, llvm=llvm, arch=arch) + ["modules"],
                          capture_output=True, text=True)
     log = res.stdout + res.stderr
     (moddir / "build.log").write_text(log)
     warnings = [ln for ln in log.splitlines() if "warning:" in ln]
     if res.returncode != 0:
-        errors = [ln for ln in log.splitlines() if "error" in ln.lower()] or log.splitlines()
+        lines = log.splitlines()
+        # a Kbuild $(error ...) ("*** ... Stop.") says why; else the first error
+        errors = ([ln for ln in lines if "*** " in ln and ln.endswith("Stop.")]
+                  + [ln for ln in lines if "error" in ln.lower()] or lines)
         first = (errors or ["no output"])[0].strip()
-        raise KmlcError(f"module build against {k} failed: {first} (log: {moddir}/build.log)"
-                        "\n" + "\n".join(errors[-15:]))
+        raise KmlcError(f"module build against {k} failed: {first} (log: {moddir}/build.log)",
+                        details="\n".join(errors[-15:]))
     if warnings:
         raise KmlcError(f"module build against {k} gave {len(warnings)} warning(s), the "
                         f"first: {warnings[0].strip()} (a kmlc bug; please report; log: "
-                        f"{moddir}/build.log)\n" + "\n".join(warnings[:15]))
+                        f"{moddir}/build.log)", details="\n".join(warnings[:15]))
     kos = sorted(moddir.glob("*.ko"))
     if not kos:
         raise KmlcError("module build produced no .ko", where=str(moddir))

@@ -9,7 +9,11 @@
             (PROVE_LOCKING), DEBUG_ATOMIC_SLEEP, KASAN, UBSAN and KFENCE, and
             what the hook scenarios need (kprobes, tracing, device-mapper,
             null_blk, ext4, NFS client and server), as modules where Debian
-            has them as modules
+            has them as modules; and CONFIG_MODULE_SIG_FORCE: it loads only
+            modules signed with the key its build made (certs/signing_key.pem,
+            in its built-in keyring), as a Secure Boot machine loads only
+            signed ones.  modules_install signs its own modules; kmlc signs
+            the model's (``signing_key``)
 
 A kernel is its build directory (modules are built against it), its
 release, and an image root laid out as Debian's package is (boot/vmlinuz-*,
@@ -30,7 +34,7 @@ from pathlib import Path
 
 from ..errors import KmlcError
 from . import progress
-from .kernel import find_kdir, installed_headers
+from .kernel import _download, find_kdir, installed_headers, kernel_config
 from .kunit import cache_dir, locked, source_tree
 
 NAMES = ("6.1", "6.12", "rt", "debug")
@@ -82,19 +86,6 @@ def resolve(name: str | None = None, kdir=None, log=print) -> Kernel:
         raise KmlcError(f"unknown --kernel {name}; choose from {', '.join(NAMES)}")
     release = release_of(k)
     return Kernel(name or "6.1", k, release, debian_image(release))
-
-
-def _download(pkg: str, dest: Path) -> None:
-    import tempfile
-
-    if not shutil.which("apt-get"):
-        raise KmlcError(f"apt-get is needed to fetch {pkg} (Debian only)")
-    with tempfile.TemporaryDirectory() as d:
-        res = subprocess.run(["apt-get", "download", pkg], cwd=d, capture_output=True, text=True)
-        debs = list(Path(d).glob("*.deb"))
-        if res.returncode or not debs:
-            raise KmlcError(f"apt-get download {pkg} failed: {res.stderr.strip()[-300:]}")
-        subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(dest)], check=True)
 
 
 def debian_image(release: str) -> Path:
@@ -152,7 +143,11 @@ CONFIG_TMPFS=y
 CONFIG_KALLSYMS=y
 CONFIG_MODULES=y
 CONFIG_MODULE_UNLOAD=y
-# CONFIG_MODULE_SIG is not set
+CONFIG_MODULE_SIG=y
+CONFIG_MODULE_SIG_FORCE=y
+CONFIG_MODULE_SIG_ALL=y
+CONFIG_MODULE_SIG_SHA256=y
+CONFIG_MODULE_SIG_KEY="certs/signing_key.pem"
 CONFIG_JUMP_LABEL=y
 CONFIG_KPROBES=y
 CONFIG_FTRACE=y
@@ -258,6 +253,18 @@ def debug_kernel(log=print) -> Kernel:
     release = release_of(build)
     return Kernel("debug", build, release, cache_dir() / "qemu" / release, memory="1G",
                   debug=True)
+
+
+def signing_key(kdir: Path) -> tuple[Path, Path] | None:
+    """The key and certificate modules built against ``kdir`` must be
+    signed with to load, if its kernel refuses unsigned modules
+    (CONFIG_MODULE_SIG_FORCE) and its build made the key (Kbuild makes
+    certs/signing_key.pem when CONFIG_MODULE_SIG_KEY names the default);
+    else None."""
+    key, cert = Path(kdir) / "certs" / "signing_key.pem", Path(kdir) / "certs" / "signing_key.x509"
+    if kernel_config(kdir).get("CONFIG_MODULE_SIG_FORCE") != "y" or not key.is_file():
+        return None
+    return key, cert
 
 
 def _check_config(config: Path) -> None:

@@ -35,8 +35,8 @@ import numpy as np
 
 from ..errors import KmlcError
 from ..hooks.guard import PARAMS as GUARD_PARAMS
-from .kernel import build_module
-from .kernels import Kernel, release_of, resolve  # noqa: F401  (release_of, for callers)
+from .kernel import build_module, sign_module
+from .kernels import Kernel, release_of, resolve, signing_key  # noqa: F401  (release_of)
 from .kunit import cache_dir, locked
 
 TOOLS = Path(__file__).resolve().parent / "qemu_tools"
@@ -256,16 +256,39 @@ def _manifest(outdir) -> dict:
     return json.loads(man.read_text())
 
 
+def module_for(outdir: Path, kernel: Kernel, ko: Path | None = None) -> Path:
+    """The model's module for ``kernel``: ``ko`` as built elsewhere (by
+    DKMS, say), which must be built for this kernel's release, or else
+    OUTDIR/kernel built against the kernel's build directory, and signed
+    with its key if the kernel loads only signed modules."""
+    if ko is not None:
+        ko = Path(ko)
+        if not ko.is_file():
+            raise KmlcError("no such module", where=str(ko))
+        m = re.search(rb"\0vermagic=([^ \0]+)", b"\0" + ko.read_bytes())
+        if not m or m.group(1).decode() != kernel.release:
+            built = m.group(1).decode() if m else "no vermagic"
+            raise KmlcError(f"built for {built}, not for the {kernel.name} kernel "
+                            f"({kernel.release})", where=str(ko))
+        return ko
+    ko = build_module(Path(outdir) / "kernel", kdir=kernel.kdir)
+    key = signing_key(kernel.kdir)
+    if key is not None:
+        sign_module(ko, *key, kernel.kdir)
+    return ko
+
+
 def model_scenario(outdir: Path, kernel: Kernel, script: Path | None = None,
-                   sets: list[bytes] | None = None, scratch: Path | None = None) -> Scenario:
+                   sets: list[bytes] | None = None, scratch: Path | None = None,
+                   ko: Path | None = None) -> Scenario:
     """Load the model's module (its self-test runs), run its hook's
     scenario or the user's script, swap in the weight sets ``sets`` (if
-    any), unload it."""
+    any), unload it.  ``ko``: a module built elsewhere (``module_for``)."""
     from ..hooks import owner
 
     meta = _manifest(outdir)
     mod = meta["module"]
-    ko = build_module(Path(outdir) / "kernel", kdir=kernel.kdir)
+    ko = module_for(outdir, kernel, ko)
     hooks = meta.get("hooks", [])
     hook = owner(hooks[0]) if hooks else None
     needs: list[str] = []
@@ -552,7 +575,13 @@ def match_sets(outdirs: list[Path], weights: list[Path]) -> dict[Path, list[byte
 
 def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
         script: Path | None = None, timeout: int | None = None, log=print,
-        log_path: Path | None = None, weights: list[Path] = ()) -> dict:
+        log_path: Path | None = None, weights: list[Path] = (),
+        modules: dict[Path, Path] | None = None, files: dict[str, Path] | None = None) -> dict:
+    """Boot ``kernel`` with the models of ``outdirs`` and run their
+    scenarios (or ``script``); ``modules``: {outdir: .ko} for models whose
+    module was built elsewhere, not from OUTDIR/kernel; ``files``: {path in
+    the guest: host file} for a script to use."""
+    modules = {Path(d): Path(k) for d, k in (modules or {}).items()}
     names = [_manifest(d)["module"] for d in outdirs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -563,8 +592,9 @@ def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
     sets = match_sets(outdirs, weights)
     k = resolve(kernel, kdir, log=log)
     with tempfile.TemporaryDirectory(prefix="kmlc-swap-") as scratch:
-        scenarios = [model_scenario(d, k, script, sets.get(Path(d)), Path(scratch))
-                     for d in outdirs]
+        scenarios = [model_scenario(d, k, script, sets.get(Path(d)), Path(scratch),
+                                    modules.get(Path(d))) for d in outdirs]
+        scenarios[0].files.update(files or {})
         modules = debian_modules(k.root, scenarios)
         init = init_script(scenarios, [m for m, _ in modules], debug=k.debug)
         initramfs = build_initramfs(k.root, scenarios, init, modules)

@@ -72,6 +72,52 @@ def build_twin(userdir: Path, name: str, *, cc: str | None = None, extra=(),
     return so
 
 
+# Architectures a twin is built for besides this machine's: the cross
+# compiler, the qemu-user that runs its program, the program's suffix.
+FOREIGN = {"arm64": ("aarch64-linux-gnu-gcc", "qemu-aarch64", "aarch64")}
+
+
+def build_runner(outdir: Path, arch: str) -> Path:
+    """OUTDIR/user/kml_<name>_run.<arch>: the twin's sources and
+    runtime-user/kml_run.c as a static program for ``arch``, built with
+    the twin's flags (a warning fails it), and rebuilt when a source is
+    newer."""
+    from .. import runtime_user
+
+    if arch not in FOREIGN:
+        raise KmlcError(f"no twin for --arch {arch}; choose from {', '.join(FOREIGN)}")
+    cc, emu, suffix = FOREIGN[arch]
+    for tool, pkg in ((cc, "gcc-aarch64-linux-gnu"), (emu, "qemu-user")):
+        if not shutil.which(tool):
+            raise KmlcError(f"{tool} is not installed (Debian's {pkg}; the README's setup "
+                            "installs it)")
+    name = read_manifest(outdir)["name"]
+    userdir = Path(outdir) / "user"
+    if not (userdir / f"{name}_twin.c").is_file():
+        raise KmlcError("no twin sources here; compile with --target user (or all)",
+                        where=str(userdir))
+    exe = userdir / f"kml_{name}_run.{suffix}"
+    srcs = [userdir / f for f in sources(userdir, name)] + [runtime_user.DIR / "kml_run.c"]
+    deps = srcs + list(userdir.glob("*.h"))
+    if exe.is_file() and all(exe.stat().st_mtime >= d.stat().st_mtime for d in deps):
+        return exe
+    fixed = (userdir / f"{name}_fx.c").is_file()
+    flags = [f for f in cflags(fixed) if f != "-fPIC"]
+    tmp = exe.with_name(exe.name + ".tmp")
+    cmd = [cc, *flags, "-static", f"-DKML_INFER_BATCH=kml_{name}_infer_batch", "-I",
+           str(userdir), "-o", str(tmp), *map(str, srcs)]
+    res = subprocess.run(cmd, cwd=userdir, capture_output=True, text=True)
+    if res.returncode != 0 or res.stderr.strip():
+        tmp.unlink(missing_ok=True)
+        diag = [ln for ln in res.stderr.splitlines() if "error:" in ln or "warning:" in ln]
+        first = (diag or res.stderr.strip().splitlines() or ["no output"])[0].strip()
+        raise KmlcError(f"building the {arch} twin with {cc} "
+                        f"{'failed' if res.returncode else 'warned'}: {first} (a kmlc bug; "
+                        "please report)", details=res.stderr.strip())
+    os.replace(tmp, exe)
+    return exe
+
+
 SIZE_KEYS = ("in_elems", "out_elems", "workspace_bytes", "fixed", "in_dtype", "out_dtype")
 # Element types of in[] and out[] (kmlc.json's in_dtype, out_dtype), and
 # the bytes the twin library says one element has.
@@ -569,3 +615,37 @@ class TwinGuard:
         fn = self.lib.kml_twin_guard_state
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_uint32
         return int(fn(self._g.ctypes.data))
+
+
+class ForeignTwin(Twin):
+    """The twin built for another architecture (``FOREIGN``) and run there
+    under qemu-user: the same sources, flags and determinism rules
+    (docs/numerics.md), so its outputs are the host twin's bit for bit.
+    Encoding and decoding are the host twin's (they are Python, on the
+    same kmlc.json); ``run_raw`` runs the model's C on ``arch``.  For
+    checking, not speed: every call starts a program under emulation."""
+
+    def __init__(self, outdir, arch: str = "arm64", weights=None):
+        self.exe = build_runner(Path(outdir), arch)
+        self.arch = arch
+        super().__init__(outdir, weights=weights)
+
+    def run_raw(self, x) -> np.ndarray:
+        x = np.ascontiguousarray(self._rows(x), dtype=self.in_dtype)
+        n = x.shape[0]
+        with tempfile.TemporaryDirectory(prefix="kmlc-run-") as d:
+            args = []
+            if self._weights is not None:
+                (Path(d) / "set").write_bytes(self._weights.tobytes())
+                args.append(str(Path(d) / "set"))
+            res = subprocess.run([FOREIGN[self.arch][1], str(self.exe), *args],
+                                 input=x.tobytes(), capture_output=True)
+        ybytes = n * self.out_elems * self.out_dtype.itemsize
+        if res.returncode or len(res.stdout) != ybytes + 4 * n:
+            why = res.stderr.decode(errors="replace").strip() or f"exit {res.returncode}"
+            raise KmlcError(f"the {self.arch} twin failed: {why}", where=str(self.exe))
+        y = np.frombuffer(res.stdout[:ybytes], dtype=self.out_dtype).reshape(n, self.out_elems)
+        sat = np.frombuffer(res.stdout[ybytes:], dtype=np.uint32).copy()
+        self.last_saturations = sat
+        self.saturations += int(sat.sum())
+        return y.copy()
