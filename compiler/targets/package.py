@@ -29,7 +29,6 @@ every one of them is complete.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -38,6 +37,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import KmlcError
+from .user import read_manifest
 
 # OUTDIR/kernel's build products, which a source package leaves out
 BUILT = re.compile(r"(\.(o|ko|mod|cmd|symvers|order|a|signing)|\.mod\.c|^build\.log)$")
@@ -45,11 +45,6 @@ VERSION = re.compile(r"^[0-9][A-Za-z0-9.+~]*$")
 KBUILD_NEED = re.compile(r"^ifeq \(\$\((CONFIG_[A-Z0-9_]+)\),\)$", re.M)
 
 
-def _manifest(outdir: Path) -> dict:
-    man = outdir / "kmlc.json"
-    if not man.is_file():
-        raise KmlcError("not a kmlc output directory (no kmlc.json)", where=str(outdir))
-    return json.loads(man.read_text())
 
 
 def package_name(module: str) -> str:
@@ -87,7 +82,7 @@ def dkms_conf(meta: dict, pkg: str, version: str, needs: list[str]) -> str:
 
 def write_dkms_tree(outdir: Path, dest: Path, version: str) -> Path:
     """``dest/<package>-<version>/``: dkms.conf and the module's sources."""
-    meta = _manifest(outdir)
+    meta = read_manifest(outdir)
     pkg = package_name(meta["module"])
     tree = dest / f"{pkg}-{version}"
     tree.mkdir(parents=True)
@@ -206,7 +201,7 @@ def _installed_size(root: Path) -> int:
 
 def write_debs(outdir: Path, tmp: Path, version: str, maintainer: str) -> list[Path]:
     """The Debian packages, written into ``tmp`` (their staging trees too)."""
-    meta = _manifest(outdir)
+    meta = read_manifest(outdir)
     pkg = package_name(meta["module"])
     src = meta.get("source", {})
     about = (f" The kmlc model \"{meta['name']}\" ({meta['numerics']} numerics), compiled by\n"
@@ -272,7 +267,7 @@ def package(outdir, dest, *, dkms: bool, deb: bool, version: str = "1.0",
                         "holds only letters, digits and . + ~")
     if "\n" in maintainer or "<" not in maintainer:
         raise KmlcError(f"maintainer {maintainer!r}: give it as 'Name <email>'")
-    _manifest(outdir)
+    read_manifest(outdir)
     kernel_sources(outdir)
     if deb and not shutil.which("dpkg-deb"):
         raise KmlcError("dpkg-deb is not installed (Debian's dpkg package): --deb needs it")

@@ -62,14 +62,19 @@ def build_twin(userdir: Path, name: str, *, cc: str | None = None, extra=(),
     so = Path(out or userdir / f"libkml_{name}.so").resolve()
     fixed = (Path(userdir) / f"{name}_fx.c").is_file()
     cmd = [cc, *cflags(fixed), *extra, "-shared", "-o", str(so), *sources(userdir, name)]
-    res = subprocess.run(cmd, cwd=userdir, capture_output=True, text=True)
+    _compile(cmd, userdir, f"the twin with {cc}")
+    return so
+
+
+def _compile(cmd: list[str], cwd: Path, what: str) -> None:
+    """Runs a twin's compiler command; an error or a warning is a kmlc bug
+    and raises, naming the first diagnostic."""
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if res.returncode != 0 or res.stderr.strip():
-        what = "failed" if res.returncode else "warned"
         diag = [ln for ln in res.stderr.splitlines() if "error:" in ln or "warning:" in ln]
         first = (diag or res.stderr.strip().splitlines() or ["no output"])[0].strip()
-        raise KmlcError(f"building the twin with {cc} {what}: {first} (a kmlc bug; please "
-                        "report)", details=res.stderr.strip())
-    return so
+        raise KmlcError(f"building {what} {'failed' if res.returncode else 'warned'}: {first} "
+                        "(a kmlc bug; please report)", details=res.stderr.strip())
 
 
 # Architectures a twin is built for besides this machine's: the cross
@@ -106,14 +111,11 @@ def build_runner(outdir: Path, arch: str) -> Path:
     tmp = exe.with_name(exe.name + ".tmp")
     cmd = [cc, *flags, "-static", f"-DKML_INFER_BATCH=kml_{name}_infer_batch", "-I",
            str(userdir), "-o", str(tmp), *map(str, srcs)]
-    res = subprocess.run(cmd, cwd=userdir, capture_output=True, text=True)
-    if res.returncode != 0 or res.stderr.strip():
+    try:
+        _compile(cmd, userdir, f"the {arch} twin with {cc}")
+    except KmlcError:
         tmp.unlink(missing_ok=True)
-        diag = [ln for ln in res.stderr.splitlines() if "error:" in ln or "warning:" in ln]
-        first = (diag or res.stderr.strip().splitlines() or ["no output"])[0].strip()
-        raise KmlcError(f"building the {arch} twin with {cc} "
-                        f"{'failed' if res.returncode else 'warned'}: {first} (a kmlc bug; "
-                        "please report)", details=res.stderr.strip())
+        raise
     os.replace(tmp, exe)
     return exe
 
