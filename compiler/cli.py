@@ -208,13 +208,14 @@ def inspect(model, input_shapes, name, numerics, calibration):
 @click.option("--kdir", type=click.Path(file_okay=False),
               help="Kernel build directory (default: running kernel's, else installed headers).")
 @click.option("--llvm", is_flag=True, help="Build with LLVM=1 (clang), against --kdir or the "
-              "clang-built KUnit kernel (kmlc kunit --arch x86_64 builds it).")
+              "clang-built KUnit kernel of --arch (kmlc kunit --arch x86_64|arm64 builds it).")
 @click.option("--sign", nargs=2, type=click.Path(dir_okay=False), metavar="KEY CERT",
               help="Sign the .ko with the kernel tree's scripts/sign-file (its "
               "CONFIG_MODULE_SIG_HASH, else sha256): private key, X.509 certificate.")
 @click.option("--arch", default="x86_64", show_default=True, type=click.Choice(["x86_64", "arm64"]),
               help="arm64: cross-build with aarch64-linux-gnu-gcc against Debian's arm64 headers "
-              "of the same kernel (fetched once), or --kdir.")
+              "of the same kernel (fetched once), or --kdir; with --llvm, with clang against the "
+              "arm64 KUnit kernel.")
 def build(outdir, kdir, llvm, sign, arch):
     """Build OUTDIR/kernel into a .ko with W=1; any warning fails."""
     from .targets.kernel import build_module, sign_module, target_kdir
@@ -368,7 +369,9 @@ def verify(model, data, samples, seed, atol, rtol, numerics, calibration, weight
 
 @cli.command()
 @click.argument("outdirs", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option("--arch", default="um", show_default=True, type=click.Choice(["um", "x86_64"]))
+@click.option("--arch", default="um", show_default=True, type=click.Choice(["um", "x86_64", "arm64"]),
+              help="um: gcc, no real FPU section; x86_64: clang (LLVM=1) under qemu; arm64: "
+              "clang (LLVM=1) under qemu-system-aarch64 (kernel_neon_begin/end).")
 @click.option("--jobs", type=int, help="Parallel build jobs (default: all cores).")
 def kunit(outdirs, arch, jobs):
     """Run the KUnit suites of one or more compiled models."""
@@ -398,7 +401,10 @@ def kunit(outdirs, arch, jobs):
 @click.option("--ko", type=click.Path(dir_okay=False),
               help="With one OUTDIR: boot this module, built elsewhere for the kernel booted "
                    "(by DKMS, say), instead of building OUTDIR/kernel.")
-def qemu_test(outdirs, kernel, kdir, script, timeout, log_path, weights, ko):
+@click.option("--arch", default="x86_64", show_default=True, type=click.Choice(["x86_64", "arm64"]),
+              help="arm64: Debian's arm64 6.1 kernel under qemu-system-aarch64 (TCG), the "
+              "module cross-built against its headers.")
+def qemu_test(outdirs, kernel, kdir, script, timeout, log_path, weights, ko, arch):
     """Boot a kernel in qemu, load the modules and test their hooks."""
     from .targets.qemu import run as run_qemu
 
@@ -408,7 +414,7 @@ def qemu_test(outdirs, kernel, kdir, script, timeout, log_path, weights, ko):
                    script=Path(script) if script else None, timeout=timeout,
                    log_path=Path(log_path) if log_path else None,
                    weights=[Path(w) for w in weights],
-                   modules={Path(outdirs[0]): Path(ko)} if ko else None)
+                   modules={Path(outdirs[0]): Path(ko)} if ko else None, arch=arch)
     if not res["ok"]:
         raise KmlcError("qemu test failed: " + "; ".join(
             ln for ln in res["lines"] if "PASS" not in ln and "INFO" not in ln))

@@ -51,13 +51,15 @@ step() {	# step WHAT CMD...: CMD's output into LOG, one line with its time
 # tracepoint prototypes are checked against it), qemu (KUnit on x86_64,
 # the hooks in real kernels), clang (second compiler for the twin),
 # e2fsprogs (the admission hook's ext4 test), dkms (kmlc package: the .deb
-# is installed and DKMS builds it for each kernel), the arm64 cross compiler
-# and qemu-user (kmlc build/run --arch arm64; Debian's arm64 kernel headers
-# are fetched with apt-get download, so arm64 is added as a dpkg architecture)
+# is installed and DKMS builds it for each kernel), the arm64 cross compiler,
+# qemu-user and qemu-system-arm (kmlc build/run/kunit/qemu-test --arch arm64;
+# Debian's arm64 kernel, headers and busybox are fetched with apt-get
+# download, so arm64 is added as a dpkg architecture)
 PACKAGES=(build-essential bc bison flex libelf-dev libssl-dev kmod cpio xz-utils perl
 	python3 python3-venv python3-dev linux-headers-amd64 linux-headers-rt-amd64
 	linux-source-6.1 linux-source-6.12 qemu-system-x86 clang libclang-rt-dev lld llvm
-	dwarves e2fsprogs dkms gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+	dwarves e2fsprogs dkms gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+	qemu-system-arm)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import KmlcError
-from .base import Hook, Param, Replay, lost_events, read_trace
+from .base import Hook, Param, arch_need, Replay, lost_events, read_trace
 
 FEATURES = 11
 DM_MAX_TYPE_NAME = 16  # include/uapi/linux/dm-ioctl.h: a target type name and its NUL
@@ -38,7 +38,7 @@ class Admission(Hook):
                              "send every Nth declined read to the primary anyway"),
         "history_writes": Param(True, False, True, "completed writes enter the history too"),
     }
-    kconfig = [("X86_64", "the admission hook (built and tested on x86-64 only)"),
+    kconfig = [arch_need("admission"),
                ("BLK_DEV_DM", "the admission hook (a device-mapper target)")]
 
     def check(self, prog) -> None:

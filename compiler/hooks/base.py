@@ -185,7 +185,8 @@ class Hook:
     name = ""                    # --hooks NAME
     stem = ""                    # kml_<stem>.c, kml_<stem>_trace.h, kml_<stem>_twin.c
     params: dict[str, Param] = {}
-    # Kernel options the hook's C needs, each with what needs it (Kbuild, Kconfig).
+    # Kernel options the hook's C needs, each with what needs it (Kbuild, Kconfig);
+    # "A|B": either.
     kconfig: list[tuple[str, str]] = []
     kbuild = ""                  # more checks for the module's Kbuild
     # The replay rows' kinds (their first column), named for the verdict
@@ -330,3 +331,9 @@ class ClassHook(Hook):
     def binding(self, prog) -> dict:
         return {"decide": "class", "float_frac": self.float_frac,
                 "classes": ", ".join(self.classes)}
+
+
+def arch_need(hook: str) -> tuple[str, str]:
+    """The architectures a hook is built and tested on, as a ``kconfig``
+    entry: x86-64 and arm64 (docs/targets.md)."""
+    return ("X86_64|ARM64", f"the {hook} hook (built and tested on x86-64 and arm64)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KmlcError
-from .base import ClassHook, Param, Replay, lost_events, read_trace
+from .base import ClassHook, Param, arch_need, Replay, lost_events, read_trace
 
 FEATURES = 8
 # KML's rsize per class (readrandom, readrandomwriterandom, readseq, readreverse), bytes.
@@ -44,7 +44,7 @@ endif
 # turning the warning off, as it does for fs/nfs itself.
 CFLAGS_kml_nfs.o += $(call cc-disable-warning,tautological-constant-out-of-range-compare)
 """
-    kconfig = [("X86_64", "the nfs-rsize hook (built and tested on x86-64 only)"),
+    kconfig = [arch_need("nfs-rsize"),
                ("TRACEPOINTS", "the nfs-rsize hook (tracepoint probes)"),
                ("NFS_FS", "the nfs-rsize hook")]
 

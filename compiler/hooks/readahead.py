@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KmlcError
-from .base import ClassHook, Param, Replay, lost_events, read_trace
+from .base import ClassHook, Param, arch_need, Replay, lost_events, read_trace
 
 # KML's four classes, in the order of the model's outputs.
 CLASSES = ("readrandom", "readrandomwriterandom", "readseq", "readreverse")
@@ -39,7 +39,7 @@ class Readahead(ClassHook):
         "window_ms": Param(1000, 1, 60000, "longest window in ms"),
         "ra_pages": Param(RA_PAGES, 0, 8192, "readahead in pages per class"),
     }
-    kconfig = [("X86_64", "the readahead hook (built and tested on x86-64 only)"),
+    kconfig = [arch_need("readahead"),
                ("KPROBES_ON_FTRACE", "the readahead hook (probes through ftrace)"),
                ("FILE_LOCKING", "the readahead hook (locks_remove_file())")]
 

@@ -12,7 +12,8 @@ Debian's own arm64 headers for the same kernel (``arm64_kdir``): the
 ``~/.cache/kmlc/arm64/``, whose ``scripts`` are this machine's
 ``linux-kbuild`` (the host tools: fixdep, modpost) and whose configuration,
 generated headers and Module.symvers are Debian's arm64 kernel's, so that
-the module loads in that kernel.
+the module loads in that kernel.  ``--llvm`` builds with clang against the
+clang-built KUnit kernel of the architecture (``llvm_kdir``).
 """
 from __future__ import annotations
 
@@ -68,17 +69,17 @@ def _metapackage_headers() -> Path | None:
     return Path("/usr/src") / m.group(1) if m else None
 
 
-def llvm_kdir(kdir=None) -> Path:
-    """The kernel tree an LLVM=1 build uses: ``kdir`` if given, else the
-    clang-built x86_64 KUnit kernel (Debian's headers are configured for
-    gcc).  Either must be configured for clang."""
+def llvm_kdir(kdir=None, arch: str = "x86_64") -> Path:
+    """The kernel tree an LLVM=1 build for ``arch`` uses: ``kdir`` if
+    given, else the clang-built KUnit kernel of ``arch`` (Debian's headers
+    are configured for gcc).  Either must be configured for clang."""
     from .kunit import llvm_kdir as kunit_llvm_kdir
 
-    k = find_kdir(kdir) if kdir else kunit_llvm_kdir()
+    k = find_kdir(kdir) if kdir else kunit_llvm_kdir(arch)
     if k is None:
         raise KmlcError("LLVM=1 needs a kernel tree configured with clang, and Debian's headers "
-                        "are configured for gcc: pass --kdir, or run `kmlc kunit OUTDIR --arch "
-                        "x86_64` once, which builds one under ~/.cache/kmlc")
+                        f"are configured for gcc: pass --kdir, or run `kmlc kunit OUTDIR --arch "
+                        f"{arch}` once, which builds one under ~/.cache/kmlc")
     if kernel_config(k).get("CONFIG_CC_IS_CLANG") != "y":
         raise KmlcError(f"{k} was not configured with clang (no CONFIG_CC_IS_CLANG=y), so "
                         "LLVM=1 cannot build against it; pass --kdir with a clang-configured tree")
@@ -164,12 +165,9 @@ def target_kdir(kdir=None, *, llvm: bool = False, arch: str = "x86_64") -> Path:
     is built against."""
     if arch not in ARCHES:
         raise KmlcError(f"unknown --arch {arch}; choose from {', '.join(ARCHES)}")
-    if arch == "arm64":
-        if llvm:
-            raise KmlcError("--arch arm64 with --llvm is not supported yet: Debian's arm64 "
-                            "headers are configured for gcc")
-        return arm64_kdir(kdir)
-    return llvm_kdir(kdir) if llvm else find_kdir(kdir)
+    if llvm:
+        return llvm_kdir(kdir, arch)
+    return arm64_kdir(kdir) if arch == "arm64" else find_kdir(kdir)
 
 
 def build_module(moddir: Path, *, kdir=None, llvm: bool = False, arch: str = "x86_64") -> Path:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from ..errors import KmlcError
 from . import progress
-from .kernel import _download, find_kdir, installed_headers, kernel_config
+from .kernel import _download, arm64_kdir, find_kdir, installed_headers, kernel_config
 from .kunit import cache_dir, locked, source_tree
 
 NAMES = ("6.1", "6.12", "rt", "debug")
@@ -48,6 +48,14 @@ class Kernel:
     root: Path              # image/ (boot, lib/modules) and busybox/
     memory: str = "512M"    # qemu -m
     debug: bool = False     # sanitizers: scenarios run shorter loops
+    arch: str = "x86_64"    # x86_64 or arm64 (qemu-system-aarch64, TCG)
+
+    @property
+    def short_loops(self) -> bool:
+        """Scenarios run their shorter loops (``qemu.DEBUG_CYCLES`` reload
+        cycles): under sanitizers, and on arm64, whose instructions TCG
+        translates from another architecture's."""
+        return self.debug or self.arch != "x86_64"
 
     @property
     def vmlinuz(self) -> Path:
@@ -64,12 +72,22 @@ def release_of(kdir: Path) -> str:
     return m.group(1)
 
 
-def resolve(name: str | None = None, kdir=None, log=print) -> Kernel:
+def resolve(name: str | None = None, kdir=None, log=print, arch: str = "x86_64") -> Kernel:
     """The kernel ``--kernel NAME`` names; or, with ``kdir`` (a Debian
     headers directory), the Debian kernel it builds for; by default
-    Debian's own (6.1)."""
+    Debian's own (6.1).  On arm64, Debian's arm64 6.1 kernel: the one whose
+    headers ``kmlc build --arch arm64`` builds against."""
     if name and kdir:
         raise KmlcError("give --kernel or --kdir, not both")
+    if arch == "arm64":
+        if name not in (None, "6.1"):
+            raise KmlcError(f"--arch arm64 boots Debian's arm64 6.1 kernel; --kernel {name} "
+                            "is x86-64 only")
+        k = arm64_kdir(kdir)
+        release = release_of(k)
+        return Kernel("6.1", k, release, debian_image(release, arch="arm64"), arch="arm64")
+    if arch != "x86_64":
+        raise KmlcError(f"unknown --arch {arch}; choose from x86_64, arm64")
     if name == "debug":
         return debug_kernel(log=log)
     if name is None or name == "6.1":
@@ -88,21 +106,25 @@ def resolve(name: str | None = None, kdir=None, log=print) -> Kernel:
     return Kernel(name or "6.1", k, release, debian_image(release))
 
 
-def debian_image(release: str) -> Path:
-    """The unpacked Debian kernel package for ``release``, and busybox (cached)."""
+def debian_image(release: str, arch: str = "x86_64") -> Path:
+    """The unpacked Debian kernel package for ``release``, and busybox, of
+    ``arch`` (cached)."""
     root = cache_dir() / "qemu" / release
     with locked("qemu"):
         if not (root / "ok").is_file():
             shutil.rmtree(root, ignore_errors=True)
             root.mkdir(parents=True)
-            _download(f"linux-image-{release}-unsigned", root / "image")
-            _busybox(root)
+            _download(f"linux-image-{release}-unsigned{_FOREIGN.get(arch, '')}", root / "image")
+            _busybox(root, arch)
             (root / "ok").write_text(release + "\n")
     return root
 
 
-def _busybox(root: Path) -> None:
-    _download("busybox-static", root / "busybox")
+_FOREIGN = {"arm64": ":arm64"}         # apt's spelling of another architecture's package
+
+
+def _busybox(root: Path, arch: str = "x86_64") -> None:
+    _download(f"busybox-static{_FOREIGN.get(arch, '')}", root / "busybox")
 
 
 # ---- the debug kernel ------------------------------------------------------------------

@@ -15,13 +15,15 @@ enables exactly those suites.  UML turns kernel_fpu_begin() into a no-op;
 ``--arch x86_64`` boots a real x86_64 kernel under qemu, where the FPU
 section is the real one.
 
-The two kernels use the two compilers: UML is built with gcc, the x86_64
-kernel with clang (``LLVM=1``), so every suite proves both compilers'
-kernel builds bit-identical to the twin.  The x86_64 kernel also has
-modules, kprobes through ftrace, debugfs, device-mapper and the NFS client
-enabled: its build directory (``llvm_kdir()``) is a clang-configured
-kernel tree that ``kmlc build --llvm`` builds out-of-tree modules of every
-hook against (Debian's headers are configured for gcc).
+The kernels use both compilers: UML is built with gcc, the x86_64 and
+arm64 kernels with clang (``LLVM=1``; arm64's under qemu-system-aarch64),
+so every suite proves both compilers' kernel builds bit-identical to the
+twin (and gcc's arm64 modules are built against Debian's arm64 headers).
+The x86_64 and arm64 kernels also have modules, kprobes, debugfs,
+device-mapper and the NFS client enabled: their build directories
+(``llvm_kdir(arch)``) are clang-configured kernel trees that ``kmlc build
+--llvm [--arch arm64]`` builds out-of-tree modules of every hook against
+(Debian's headers are configured for gcc).
 """
 from __future__ import annotations
 
@@ -40,15 +42,22 @@ from . import progress
 
 TREE_NAME = "linux-source-6.1"
 TARBALL_DIR = Path("/usr/src")
-ARCHES = ("um", "x86_64")
+ARCHES = ("um", "x86_64", "arm64")
 # Per arch: build directory name, make options, configuration beyond the suites.
+# What a kernel needs to build and load every hook's module against its build
+# directory (kmlc build --llvm): modules, kprobes through ftrace, debugfs,
+# device-mapper and the NFS client.
+_MODULES = ("CONFIG_MODULES=y\nCONFIG_MODULE_UNLOAD=y\nCONFIG_KPROBES=y\n"
+            "CONFIG_FTRACE=y\nCONFIG_FUNCTION_TRACER=y\nCONFIG_DYNAMIC_FTRACE=y\n"
+            "CONFIG_DEBUG_FS=y\nCONFIG_MD=y\nCONFIG_BLK_DEV_DM=y\nCONFIG_FILE_LOCKING=y\n"
+            "CONFIG_NET=y\nCONFIG_INET=y\nCONFIG_NETWORK_FILESYSTEMS=y\nCONFIG_NFS_FS=m\n")
 ARCH_BUILD = {
     "um": ("um", [], ""),
-    "x86_64": ("x86_64-llvm", ["LLVM=1"],
-               "CONFIG_MODULES=y\nCONFIG_MODULE_UNLOAD=y\nCONFIG_KPROBES=y\n"
-               "CONFIG_FTRACE=y\nCONFIG_FUNCTION_TRACER=y\nCONFIG_DYNAMIC_FTRACE=y\n"
-               "CONFIG_DEBUG_FS=y\nCONFIG_MD=y\nCONFIG_BLK_DEV_DM=y\nCONFIG_FILE_LOCKING=y\n"
-               "CONFIG_NET=y\nCONFIG_INET=y\nCONFIG_NETWORK_FILESYSTEMS=y\nCONFIG_NFS_FS=m\n"),
+    "x86_64": ("x86_64-llvm", ["LLVM=1"], _MODULES),
+    # booted by kunit.py's own arm64 qemu configuration (-machine virt -cpu
+    # cortex-a57: NEON, so float suites run inside a real
+    # kernel_neon_begin/end section)
+    "arm64": ("arm64-llvm", ["LLVM=1"], _MODULES),
 }
 
 
@@ -109,10 +118,10 @@ def build_dir(arch: str) -> Path:
     return cache_dir() / "kunit-build" / ARCH_BUILD[arch][0]
 
 
-def llvm_kdir() -> Path | None:
-    """The clang-built x86_64 KUnit kernel's build directory, once a
-    ``kmlc kunit --arch x86_64`` run has built it."""
-    k = build_dir("x86_64")
+def llvm_kdir(arch: str = "x86_64") -> Path | None:
+    """The clang-built x86_64 or arm64 KUnit kernel's build directory, once
+    a ``kmlc kunit --arch ARCH`` run has built it."""
+    k = build_dir(arch)
     return k if (k / "Module.symvers").is_file() else None
 
 
@@ -195,9 +204,14 @@ def run(outdirs: list[Path], *, arch: str = "um", jobs: int | None = None,
     """
     if arch not in ARCHES:
         raise KmlcError(f"unknown --arch {arch}; choose from {', '.join(ARCHES)}")
-    if arch == "x86_64" and not shutil.which("qemu-system-x86_64"):
-        raise KmlcError("qemu-system-x86_64 is not installed (package qemu-system-x86); the "
-                        "README's setup installs it")
+    needs = {"x86_64": [("qemu-system-x86_64", "qemu-system-x86")],
+             "arm64": [("qemu-system-aarch64", "qemu-system-arm")]}
+    if ARCH_BUILD[arch][1] == ["LLVM=1"]:
+        needs[arch] += [("clang", "clang"), ("ld.lld", "lld"), ("llvm-objcopy", "llvm")]
+    for tool, package in needs.get(arch, []):
+        if not shutil.which(tool):
+            raise KmlcError(f"{tool} is not installed (package {package}); the README's "
+                            "setup installs it")
     for tool in ("make", "gcc", "flex", "bison"):
         if not shutil.which(tool):
             raise KmlcError(f"{tool} is not installed; run the README's setup command")

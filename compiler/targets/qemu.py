@@ -35,30 +35,18 @@ import numpy as np
 
 from ..errors import KmlcError
 from ..hooks.guard import PARAMS as GUARD_PARAMS
-from .kernel import build_module, sign_module
+from .kernel import CROSS, build_module, sign_module
 from .kernels import Kernel, release_of, resolve, signing_key  # noqa: F401  (release_of)
 from .kunit import cache_dir, locked
 
 TOOLS = Path(__file__).resolve().parent / "qemu_tools"
-# Debian modules a scenario may need, by name, and their place in an image.
-# Their load order comes from each module's own "depends=" (what depmod
-# writes into modules.dep), read from the image, so it follows the kernel
-# version: 6.1's nfs.ko needs fscache.ko, 6.12's does not.  A module the
-# kernel has built in (modules.builtin) needs no insmod.
-MODULE_PATHS = {
-    "dm-mod": "drivers/md/dm-mod.ko", "dm-flakey": "drivers/md/dm-flakey.ko",
-    "dm-delay": "drivers/md/dm-delay.ko",
-    "null_blk": "drivers/block/null_blk/null_blk.ko",
-    "configfs": "fs/configfs/configfs.ko", "brd": "drivers/block/brd.ko",
-    "sunrpc": "net/sunrpc/sunrpc.ko", "auth_rpcgss": "net/sunrpc/auth_gss/auth_rpcgss.ko",
-    "grace": "fs/nfs_common/grace.ko", "nfs_acl": "fs/nfs_common/nfs_acl.ko",
-    "lockd": "fs/lockd/lockd.ko", "nfsd": "fs/nfsd/nfsd.ko", "netfs": "fs/netfs/netfs.ko",
-    "fscache": "fs/fscache/fscache.ko", "nfs": "fs/nfs/nfs.ko", "nfsv4": "fs/nfs/nfsv4.ko",
-    "dns_resolver": "net/dns_resolver/dns_resolver.ko", "oid_registry": "lib/oid_registry.ko",
-    "crc32c_generic": "crypto/crc32c_generic.ko", "libcrc32c": "lib/libcrc32c.ko",
-    "crc16": "lib/crc16.ko", "mbcache": "fs/mbcache.ko", "jbd2": "fs/jbd2/jbd2.ko",
-    "ext4": "fs/ext4/ext4.ko",
-}
+# A scenario's Debian modules are found by name in the image's modules.order
+# (every module the kernel builds, by path), and loaded after the modules
+# each depends on (its own "depends=", what depmod writes into
+# modules.dep), read from the image: so the order follows the kernel and
+# the architecture (6.1's nfs.ko needs fscache.ko, 6.12's does not; arm64's
+# dm-mod.ko needs dax.ko, which x86-64 builds in).  A module the kernel has
+# built in (modules.builtin) needs no insmod.
 MODULE_ARGS = {"null_blk": "nr_devices=0"}
 BAD_LOG = re.compile(r"\b(WARNING:|BUG:|Oops|general protection fault|Call Trace:|"
                      r"kernel BUG|UBSAN:|KASAN:|KFENCE:|memory leak|"
@@ -84,17 +72,25 @@ class Scenario:
     swaps: bool = False                                    # it runs the swap scenario
 
 
-def tool(name: str) -> Path:
-    """A static helper binary for the initramfs, built once and cached."""
+def tool(name: str, arch: str = "x86_64") -> Path:
+    """A static helper binary for the initramfs of an ``arch`` guest, built
+    once and cached (arm64: with aarch64-linux-gnu-gcc and its libc)."""
     src = TOOLS / f"{name}.c"
-    out = cache_dir() / "qemu" / "tools" / name
+    tools = cache_dir() / "qemu" / "tools"
+    out = tools / name if arch == "x86_64" else tools / arch / name
+    cc, libc = ("gcc", "libc6-dev") if arch not in CROSS else \
+        (CROSS[arch] + "gcc", "gcc-aarch64-linux-gnu and libc6-dev-arm64-cross")
     with locked("qemu-tools"):
         if not out.is_file() or out.stat().st_mtime < src.stat().st_mtime:
             out.parent.mkdir(parents=True, exist_ok=True)
-            res = subprocess.run(["gcc", "-static", "-O2", "-Wall", "-o", str(out), str(src)],
-                                 capture_output=True, text=True)
+            try:
+                res = subprocess.run([cc, "-static", "-O2", "-Wall", "-o", str(out), str(src)],
+                                     capture_output=True, text=True)
+            except FileNotFoundError:
+                raise KmlcError(f"{cc} is not installed (install {libc}; the README's setup "
+                                "does)") from None
             if res.returncode:
-                raise KmlcError(f"cannot build {name} statically (install libc6-dev): "
+                raise KmlcError(f"cannot build {name} statically (install {libc}): "
                                 + res.stderr.strip()[-500:])
     return out
 
@@ -118,31 +114,39 @@ def _modroot(root: Path) -> Path:
     return next((root / "image" / "lib" / "modules").iterdir())
 
 
+def _canon(module: str) -> str:
+    return module.replace("-", "_")          # depends= spells dm-mod dm_mod
+
+
 def debian_modules(root: Path, scenarios: list[Scenario]) -> list[tuple[str, bytes]]:
     """The modules the scenarios need from the kernel's image, each after
-    the modules it depends on (its "depends=" field), with their contents;
-    modules the kernel has built in are left out."""
+    the modules it depends on, with their contents; modules the kernel has
+    built in are left out."""
     modroot = _modroot(root)
-    builtin_file = modroot / "modules.builtin"
-    builtin = {Path(ln).name.split(".ko")[0].replace("-", "_")
-               for ln in (builtin_file.read_text().split() if builtin_file.is_file() else [])}
+
+    def names(f: str) -> dict[str, str]:
+        listed = modroot / f
+        paths = listed.read_text().split() if listed.is_file() else []
+        return {_canon(Path(p).name.split(".ko")[0]): p for p in paths}
+
+    builtin, paths = names("modules.builtin"), names("modules.order")
     order: list[tuple[str, bytes]] = []
     visiting: set[str] = set()
-    canon = {k.replace("-", "_"): k for k in MODULE_PATHS}  # depends= spells dm-mod dm_mod
 
     def visit(m: str) -> None:
-        if m in visiting or any(m == n for n, _ in order) or m.replace("-", "_") in builtin:
+        if m in visiting or any(_canon(m) == _canon(n) for n, _ in order) \
+                or _canon(m) in builtin:
             return
-        if m not in MODULE_PATHS:
-            raise KmlcError(f"the qemu tests do not know where Debian keeps module '{m}' "
-                            "(add it to MODULE_PATHS)")
+        if _canon(m) not in paths:
+            raise KmlcError(f"the {root.name} kernel has no module '{m}' (not in its "
+                            "modules.order) and does not build it in", where=str(modroot))
         visiting.add(m)
-        data = debian_module(modroot / "kernel" / MODULE_PATHS[m])
+        data = debian_module(modroot / paths[_canon(m)])
         info = re.search(rb"\0depends=([^\0]*)\0", data)
         for dep in (info.group(1).decode().split(",") if info else []):
             if dep:
-                visit(canon.get(dep.replace("-", "_"), dep))
-        order.append((m, data))
+                visit(dep)
+        order.append((Path(paths[_canon(m)]).name.split(".ko")[0], data))
 
     for sc in scenarios:
         for m in sc.needs:
@@ -271,7 +275,7 @@ def module_for(outdir: Path, kernel: Kernel, ko: Path | None = None) -> Path:
             raise KmlcError(f"built for {built}, not for the {kernel.name} kernel "
                             f"({kernel.release})", where=str(ko))
         return ko
-    ko = build_module(Path(outdir) / "kernel", kdir=kernel.kdir)
+    ko = build_module(Path(outdir) / "kernel", kdir=kernel.kdir, arch=kernel.arch)
     key = signing_key(kernel.kdir)
     if key is not None:
         sign_module(ko, *key, kernel.kdir)
@@ -296,12 +300,12 @@ def model_scenario(outdir: Path, kernel: Kernel, script: Path | None = None,
     body = ""
     if hook is not None:
         needs += hook.needs
-        files.update({f"bin/{t}": tool(t) for t in hook.tools})
+        files.update({f"bin/{t}": tool(t, kernel.arch) for t in hook.tools})
         files.update(hook.files())
         if "kml_dmsetup" in hook.tools:
-            files["bin/dmsetup"] = tool("kml_dmsetup")
+            files["bin/dmsetup"] = tool("kml_dmsetup", kernel.arch)
         if script is None:
-            cycles = DEBUG_CYCLES if kernel.debug else CYCLES
+            cycles = DEBUG_CYCLES if kernel.short_loops else CYCLES
             body = param_checks(mod, hook) + hook.scenario(mod, ko.name, cycles)
     if script is not None:
         files["lib/kmlc/user-script.sh"] = Path(script)
@@ -456,23 +460,32 @@ def qemu_cpu(kernel: Kernel) -> str:
     down; the other kernels keep qemu's default CPU (SSE2: the scalar and
     SSE2 paths), since the debug kernel's scenarios ran much longer on the
     larger CPU (docs/hooks.md)."""
+    if kernel.arch == "arm64":
+        return "cortex-a57"     # NEON; "max" adds pointer authentication, slow under TCG
     return "max,la57=off" if kernel.name == "6.1" else "qemu64"
+
+
+# Per arch: qemu, its package, machine options, the serial console.
+QEMU = {"x86_64": ("qemu-system-x86_64", "qemu-system-x86", [], "ttyS0"),
+        "arm64": ("qemu-system-aarch64", "qemu-system-arm", ["-machine", "virt"], "ttyAMA0")}
 
 
 def boot(initramfs: bytes, kernel: Kernel, *, timeout: int = 600,
          log_path: Path | None = None) -> str:
-    qemu = shutil.which("qemu-system-x86_64")
+    binary, package, machine, console = QEMU[kernel.arch]
+    qemu = shutil.which(binary)
     if not qemu:
-        raise KmlcError("qemu-system-x86_64 is not installed (package qemu-system-x86)")
+        raise KmlcError(f"{binary} is not installed (package {package}); the README's setup "
+                        "installs it")
     with tempfile.TemporaryDirectory() as d:
         rd = Path(d) / "initramfs.gz"
         rd.write_bytes(initramfs)
         # noirqdebug: under PREEMPT_RT and TCG, the serial port's threaded
         # interrupt can lag behind long output, and the kernel would then
         # disable it as spurious ("irq 4: nobody cared")
-        append = ("console=ttyS0 panic=-1 oops=panic log_buf_len=4M noirqdebug loglevel="
+        append = (f"console={console} panic=-1 oops=panic log_buf_len=4M noirqdebug loglevel="
                   + os.environ.get("KMLC_QEMU_LOGLEVEL", "4"))
-        cmd = [qemu, "-m", kernel.memory, "-smp", os.environ.get("KMLC_QEMU_SMP", "2"),
+        cmd = [qemu, *machine, "-m", kernel.memory, "-smp", os.environ.get("KMLC_QEMU_SMP", "2"),
                "-kernel", str(kernel.vmlinuz), "-initrd", str(rd), "-append", append,
                "-nographic", "-no-reboot", "-monitor", "none", "-accel", "tcg,thread=single",
                "-cpu", os.environ.get("KMLC_QEMU_CPU") or qemu_cpu(kernel)]
@@ -576,7 +589,8 @@ def match_sets(outdirs: list[Path], weights: list[Path]) -> dict[Path, list[byte
 def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
         script: Path | None = None, timeout: int | None = None, log=print,
         log_path: Path | None = None, weights: list[Path] = (),
-        modules: dict[Path, Path] | None = None, files: dict[str, Path] | None = None) -> dict:
+        modules: dict[Path, Path] | None = None, files: dict[str, Path] | None = None,
+        arch: str = "x86_64") -> dict:
     """Boot ``kernel`` with the models of ``outdirs`` and run their
     scenarios (or ``script``); ``modules``: {outdir: .ko} for models whose
     module was built elsewhere, not from OUTDIR/kernel; ``files``: {path in
@@ -590,7 +604,7 @@ def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
     if script is not None and not Path(script).is_file():
         raise KmlcError("no such script", where=str(script))
     sets = match_sets(outdirs, weights)
-    k = resolve(kernel, kdir, log=log)
+    k = resolve(kernel, kdir, log=log, arch=arch)
     with tempfile.TemporaryDirectory(prefix="kmlc-swap-") as scratch:
         scenarios = [model_scenario(d, k, script, sets.get(Path(d)), Path(scratch),
                                     modules.get(Path(d))) for d in outdirs]

@@ -1,5 +1,7 @@
-"""arm64: modules cross-built against Debian's arm64 headers, and the twin
-built for aarch64 and run under qemu-user.
+"""arm64: modules cross-built against Debian's arm64 headers, KUnit in an
+arm64 kernel and Debian's arm64 kernel booted under qemu-system-aarch64
+with the modules and hooks, and the twin built for aarch64 and run under
+qemu-user.
 
 The modules: every bundled model in both numerics, float models with
 functions and normalizations, fixed-point arithmetic and a tree ensemble,
@@ -7,7 +9,17 @@ built with aarch64-linux-gnu-gcc and W=1 (a warning fails the build): the
 .ko is an AArch64 ELF whose vermagic is Debian's arm64 kernel's, the float
 model's FPU section is kernel_neon_begin/end with FPCR pinned, and its float
 object has no fused multiply-add (the determinism rules, docs/numerics.md).
-A hook, whose probe points are x86-64's today, is refused in one line.
+The readahead hook, whose probes go through ftrace (which arm64 lacks in
+Linux 6.1), is refused in one line naming CONFIG_KPROBES_ON_FTRACE.
+
+KUnit: every model's golden-vector suite in a cross-built arm64 KUnit
+kernel under qemu-system-aarch64 (TCG, cortex-a57: float suites inside the
+real kernel_neon_begin/end).  qemu-test: Debian's own arm64 6.1 kernel
+boots with the bundled models in both numerics (each self-test bit-identical
+to the twin on its golden vectors) and with the NFS hook (both numerics)
+and the admission hook, whose scenarios pass and whose traces replay
+through the x86-64 twin bit for bit, with 100 weight swaps under load on a
+weakly ordered CPU (RCU publishing of the new set).
 
 The twin: the same C built for aarch64 gives the x86-64 twin's outputs bit
 for bit, on every golden vector (those KUnit and the self-test check, run by
@@ -16,6 +28,7 @@ denormals, infinities, NaN, 1e30).  The oracle is the x86-64 twin, itself
 checked against onnxruntime elsewhere; what is tested here is that
 nothing in the generated C depends on the architecture.
 """
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +36,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, SEED_MODELS, kmlc_cli, readahead_policy, seed_models, \
-    tree_admission_policy
-from kmlc.api import compile as kcompile, load
-from kmlc.targets import kernel
+from conftest import EXAMPLES, SEED_MODELS, kmlc_cli, nfs_policy, readahead_policy, \
+    seed_models, tree_admission_policy
+from kmlc.api import compile as kcompile, load, pack
+from kmlc.targets import kernel, kunit, qemu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
 import test_tensor_ops as tops  # noqa: E402
@@ -59,6 +72,37 @@ def models(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def hooked(tmp_path_factory):
+    """The hooks arm64 runs: NFS in both numerics, admission (fixed point:
+    a tree ensemble); three packed weight sets for the fixed NFS model."""
+    import onnx
+    from onnx import numpy_helper
+
+    root = tmp_path_factory.mktemp("arm64-hooks")
+    m, cal = nfs_policy()
+    kcompile(m, root / "nfs_fx", name="nfs_fx", numerics="fixed", calibration=cal,
+             hooks=["nfs-rsize"], guards=["envelope"])
+    kcompile(m, root / "nfs_fp", name="nfs_fp", hooks=["nfs-rsize"])
+    sets = []
+    for v in (1, 2, 3):
+        mv = onnx.ModelProto()
+        mv.CopyFrom(m)
+        for t in mv.graph.initializer:
+            t.CopyFrom(numpy_helper.from_array(
+                numpy_helper.to_array(t) * np.float32(1 - 0.05 * v), t.name))
+        sets.append(root / f"nfs-v{v}.kmlw")
+        pack(mv, root / "nfs_fx", sets[-1], calibration=cal, version=v)
+    t, tcal = tree_admission_policy()
+    kcompile(t, root / "adm_fx", name="adm_fx", numerics="fixed", calibration=tcal,
+             hooks=["admission"], guards=["benefit"])
+    m, cal = readahead_policy()
+    kcompile(m, root / "ra_fx", name="ra_fx", numerics="fixed", calibration=cal,
+             hooks=["readahead"])
+    return {"nfs_fx": root / "nfs_fx", "nfs_fp": root / "nfs_fp", "adm_fx": root / "adm_fx",
+            "ra_fx": root / "ra_fx", "sets": sets}
+
+
 BUILT = ("readahead_fp", "readahead_fx", "nfs_rsize_fp", "nfs_rsize_fx", "heimdall_fp",
          "heimdall_fx", "norms", "arith", "tree_fx")
 
@@ -87,14 +131,108 @@ def test_modules_cross_build_for_arm64_with_no_warnings(models):
 
 
 @pytest.mark.kernel
-def test_a_hook_is_refused_on_arm64_in_one_line(tmp_path):
+def test_the_readahead_hook_is_refused_on_arm64_in_one_line(tmp_path):
     m, _ = readahead_policy()
     kcompile(m, tmp_path / "o", name="rahook", hooks=["readahead"], targets="kernel")
     res = kmlc_cli("build", tmp_path / "o", "--arch", "arm64")
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     assert res.stderr.strip().count("\n") == 0, res.stderr
-    assert "the readahead hook (built and tested on x86-64 only) needs CONFIG_X86_64" \
+    assert "the readahead hook (probes through ftrace) needs CONFIG_KPROBES_ON_FTRACE" \
         in res.stderr, res.stderr
+    assert not list((tmp_path / "o" / "kernel").glob("*.ko"))
+
+
+@pytest.mark.kunit
+def test_kunit_on_arm64(models, hooked):
+    """Every suite passes in the arm64 KUnit kernel, each case counted
+    (a suite that ran fewer cases than it has fails); hook models' suites
+    too (the readahead one's: KUnit tests the model, not the probes)."""
+    dirs = list(models.values()) + [hooked[k] for k in ("nfs_fx", "nfs_fp", "adm_fx", "ra_fx")]
+    res = kunit.run(dirs, arch="arm64")
+    assert res["ok"], res["summary"]
+    for d in dirs:
+        suite = json.loads((d / "kmlc.json").read_text())["module"]
+        got = res["suites"][suite]
+        assert got["passed"] == kunit.cases(d) and not got["failed"] and not got["skipped"], \
+            (suite, got)
+
+
+@pytest.mark.kernel
+@pytest.mark.kunit
+def test_modules_build_with_llvm_for_arm64(models, tmp_path):
+    """--arch arm64 --llvm: modules of both numerics and of the NFS and
+    admission hooks build with clang, W=1 and zero warnings, against the
+    clang-built arm64 KUnit kernel (built here if the KUnit test has not);
+    each is an AArch64 module of that kernel, compiled by clang.  (Their
+    names differ from the suites built into that kernel, which export the
+    same symbols.)"""
+    kdir = kunit.llvm_kdir("arm64")
+    if kdir is None:
+        kunit.run([models["readahead_fx"]], arch="arm64")
+        kdir = kunit.llvm_kdir("arm64")
+    config = kernel.kernel_config(kdir)
+    assert config["CONFIG_CC_IS_CLANG"] == "y" and config["CONFIG_ARM64"] == "y"
+    release = qemu.release_of(kdir)
+    nfs, nfs_cal = nfs_policy()
+    adm, adm_cal = tree_admission_policy()
+    hd_cal = seed_models.sample_inputs("heimdall", 1000, seed=41)
+    builds = {"ll_fp": (EXAMPLES / "readahead.onnx", {}),
+              "ll_fx": (EXAMPLES / "heimdall.onnx", {"numerics": "fixed",
+                                                      "calibration": hd_cal}),
+              "ll_nfs_fx": (nfs, {"numerics": "fixed", "calibration": nfs_cal,
+                                  "hooks": ["nfs-rsize"]}),
+              "ll_nfs_fp": (nfs, {"hooks": ["nfs-rsize"]}),
+              "ll_adm": (adm, {"numerics": "fixed", "calibration": adm_cal,
+                               "hooks": ["admission"]})}
+    for name, (model, kw) in builds.items():
+        d = tmp_path / name
+        kcompile(model, d, name=name, targets="kernel", **kw)
+        res = kmlc_cli("build", d, "--arch", "arm64", "--llvm")
+        assert res.returncode == 0, (d.name, res.stderr)
+        assert "(arm64, W=1, LLVM=1, 0 warnings)" in res.stdout, res.stdout
+        ko = next((d / "kernel").glob("*.ko"))
+        data = ko.read_bytes()
+        assert int.from_bytes(data[18:20], "little") == EM_AARCH64
+        assert f"\0vermagic={release} SMP".encode() in data, d.name
+        comment = subprocess.run(["llvm-readelf", "-p", ".comment", ko], capture_output=True,
+                                 text=True, check=True).stdout
+        assert "clang version" in comment and "GCC:" not in comment, comment
+
+
+@pytest.mark.kernel
+def test_qemu_test_on_arm64(models, hooked):
+    """Debian's arm64 6.1 kernel under qemu-system-aarch64: the bundled
+    models' self-tests (both numerics), the NFS hook's scenario in both
+    numerics and the admission mirror's (data checksummed, ext4 with the
+    primary failed, failover), their traces replayed through the twin bit
+    for bit, and 100 swaps of the fixed NFS model's weights under load."""
+    dirs = [models[f"{n}_{x}"] for n in SEED_MODELS for x in ("fp", "fx")]
+    dirs += [hooked[k] for k in ("nfs_fx", "nfs_fp", "adm_fx")]
+    res = kmlc_cli("qemu-test", "--arch", "arm64", *dirs,
+                   *[a for w in hooked["sets"] for a in ("--weights", w)])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    lines = dict(ln.removeprefix("kmlc qemu-test: ").split(": ", 1)
+                 for ln in res.stdout.splitlines() if ln.startswith("kmlc qemu-test: "))
+    for d in dirs:
+        mod = json.loads((d / "kmlc.json").read_text())["module"]
+        assert lines[mod].startswith("PASS") and "8/8 golden vectors bit-identical" \
+            in lines[mod], (mod, lines.get(mod))
+    for mod, steps in (("kml_nfs_fx", ("events", "restore", "reload-cycles", "replay-reads",
+                                       "guard-reads", "swap")),
+                       ("kml_nfs_fp", ("events", "restore", "replay-reads")),
+                       ("kml_adm_fx", ("mirror", "ext4", "failover", "replay-mirror",
+                                       "guard-mirror"))):
+        for step in steps:
+            assert lines[f"{mod}-{step}"].startswith("PASS"), (mod, step, lines)
+    assert "100 swaps over 3 sets" in lines["kml_nfs_fx-swap"], lines["kml_nfs_fx-swap"]
+    assert not any(v.startswith("FAIL") for v in lines.values()), lines
+
+
+def test_qemu_test_arm64_refuses_an_x86_kernel_name(models):
+    res = kmlc_cli("qemu-test", "--arch", "arm64", "--kernel", "rt", models["readahead_fp"])
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip() == ("kmlc: error: --arch arm64 boots Debian's arm64 6.1 kernel; "
+                                  "--kernel rt is x86-64 only"), res.stderr
 
 
 def hostile(twin, seed=0):

@@ -9,6 +9,7 @@ its self-test and its hook's scenario, the twin package runs as the
 compiled twin does, and `dpkg -r` leaves nothing of either behind.
 """
 import lzma
+import os
 import re
 import shutil
 import subprocess
@@ -27,7 +28,8 @@ from test_signing import split, verifies
 def conf(tree: Path) -> dict:
     """dkms.conf as DKMS reads it: sourced by bash."""
     names = ["PACKAGE_NAME", "PACKAGE_VERSION", "BUILT_MODULE_NAME[0]",
-             "DEST_MODULE_LOCATION[0]", "AUTOINSTALL", "BUILD_EXCLUSIVE_CONFIG", "MAKE[0]"]
+             "DEST_MODULE_LOCATION[0]", "AUTOINSTALL", "BUILD_EXCLUSIVE_CONFIG",
+             "BUILD_EXCLUSIVE_ARCH", "MAKE[0]"]
     script = "kernel_source_dir=KDIR; . ./dkms.conf; " + "; ".join(
         f'printf "%s\\n" "${{{n}}}"' for n in names)
     out = subprocess.run(["bash", "-c", script], cwd=tree, capture_output=True, text=True,
@@ -54,6 +56,10 @@ def test_the_dkms_tree_is_the_module_and_builds_with_plain_make(tmp_path):
     needs = re.findall(r"ifeq \(\$\((CONFIG_\w+)\),\)", kbuild)
     assert needs and "CONFIG_KPROBES_ON_FTRACE" in needs
     assert c["BUILD_EXCLUSIVE_CONFIG"].split() == needs
+    # the hook's architectures (either option), as DKMS matches uname -m
+    assert "ifeq ($(CONFIG_X86_64)$(CONFIG_ARM64),)" in kbuild
+    assert c["BUILD_EXCLUSIVE_ARCH"] == "^(aarch64|x86_64)$"
+    assert re.fullmatch(c["BUILD_EXCLUSIVE_ARCH"], os.uname().machine)
     # the sources, byte for byte; no build products
     shipped = {p.name for p in tree.iterdir()} - {"dkms.conf"}
     sources = {p.name for p in (out / "kernel").iterdir()

@@ -186,7 +186,7 @@ def test_kbuild_refuses_what_the_code_cannot_run_on(tmp_path):
     assert "kml_rap: the readahead hook (probes through ftrace) needs CONFIG_KPROBES_ON_FTRACE" \
         in res.stderr, res.stderr[-2000:]
     kconfig = (kdir / "Kconfig").read_text()
-    assert re.search(r"depends on X86_64 && KPROBES_ON_FTRACE && FILE_LOCKING", kconfig)
+    assert re.search(r"depends on \(X86_64 \|\| ARM64\) && KPROBES_ON_FTRACE && FILE_LOCKING", kconfig)
     assert not (kdir / "kml_rap.ko").exists()
 
 
@@ -211,3 +211,40 @@ def test_nfs_replay_verdict_needs_every_kind_of_event(monkeypatch, kinds, ok):
     lost = "# entries-in-buffer/entries-written: 10/12   #P:2\n"
     line, _ = hook.replay_verdict("m", "fx", lost, None)
     assert line == "m-replay-fx FAIL the trace lost 2 events"
+
+
+def test_scenario_modules_come_from_the_images_own_lists(tmp_path):
+    """A scenario's Debian modules are found by name in the image's
+    modules.order, loaded after their own depends= (either spelling, - or
+    _), never twice, compressed ones unpacked; one the kernel builds in is
+    not loaded; one the image lacks is refused in one line naming it."""
+    import lzma
+
+    from kmlc.errors import KmlcError
+    from kmlc.targets import qemu
+
+    mods = tmp_path / "k" / "image" / "lib" / "modules" / "6.1.0-9-arm64"
+    (mods / "kernel" / "drivers").mkdir(parents=True)
+
+    def ko(path: str, depends: str, xz: bool = False) -> None:
+        data = b"\x7fELF...\0name=x\0depends=" + depends.encode() + b"\0vermagic=6.1\0"
+        f = mods / path
+        if xz:
+            f.with_name(f.name + ".xz").write_bytes(lzma.compress(data))
+        else:
+            f.write_bytes(data)
+
+    ko("kernel/drivers/dm-mod.ko", "dax")
+    ko("kernel/drivers/dax.ko", "", xz=True)
+    ko("kernel/drivers/dm-delay.ko", "dm_mod")
+    ko("kernel/drivers/null_blk.ko", "configfs")
+    (mods / "modules.order").write_text("kernel/drivers/dax.ko\nkernel/drivers/dm-mod.ko\n"
+                                        "kernel/drivers/dm-delay.ko\nkernel/drivers/null_blk.ko\n")
+    (mods / "modules.builtin").write_text("kernel/fs/configfs/configfs.ko\n")
+    sc = [qemu.Scenario("a", tmp_path / "a.ko", needs=["dm-delay", "null_blk", "dm-mod"])]
+    got = qemu.debian_modules(tmp_path / "k", sc)
+    assert [m for m, _ in got] == ["dax", "dm-mod", "dm-delay", "null_blk"]
+    assert all(b"\0depends=" in data for _, data in got)          # dax.ko.xz unpacked
+    sc = [qemu.Scenario("b", tmp_path / "b.ko", needs=["nfsd"])]
+    with pytest.raises(KmlcError, match="the k kernel has no module 'nfsd'"):
+        qemu.debian_modules(tmp_path / "k", sc)
