@@ -204,11 +204,12 @@ def run(outdirs: list[Path], *, arch: str = "um", jobs: int | None = None,
     """
     if arch not in ARCHES:
         raise KmlcError(f"unknown --arch {arch}; choose from {', '.join(ARCHES)}")
-    needs = {"x86_64": [("qemu-system-x86_64", "qemu-system-x86")],
-             "arm64": [("qemu-system-aarch64", "qemu-system-arm")]}
-    if ARCH_BUILD[arch][1] == ["LLVM=1"]:
-        needs[arch] += [("clang", "clang"), ("ld.lld", "lld"), ("llvm-objcopy", "llvm")]
-    for tool, package in needs.get(arch, []):
+    from .qemu import QEMU      # qemu.py imports this module: not at the top
+
+    needs = [QEMU[arch][:2]] if arch in QEMU else []
+    if "LLVM=1" in ARCH_BUILD[arch][1]:
+        needs += [("clang", "clang"), ("ld.lld", "lld"), ("llvm-objcopy", "llvm")]
+    for tool, package in needs:
         if not shutil.which(tool):
             raise KmlcError(f"{tool} is not installed (package {package}); the README's "
                             "setup installs it")

@@ -50,8 +50,6 @@ ARCH_OPTIONS = {"CONFIG_X86_64": "x86_64", "CONFIG_ARM64": "aarch64",
                 "CONFIG_KERNEL_MODE_NEON": "aarch64"}
 
 
-
-
 def package_name(module: str) -> str:
     """A Debian and DKMS package name for the module (lower case, '-' for
     anything else)."""

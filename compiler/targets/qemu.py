@@ -134,22 +134,22 @@ def debian_modules(root: Path, scenarios: list[Scenario]) -> list[tuple[str, byt
 
     builtin, paths = names("modules.builtin"), names("modules.order")
     order: list[tuple[str, bytes]] = []
-    visiting: set[str] = set()
+    seen: set[str] = set()          # canonical names: visited, or built in
 
     def visit(m: str) -> None:
-        if m in visiting or any(_canon(m) == _canon(n) for n, _ in order) \
-                or _canon(m) in builtin:
+        c = _canon(m)
+        if c in seen or c in builtin:
             return
-        if _canon(m) not in paths:
+        if c not in paths:
             raise KmlcError(f"the {root.name} kernel has no module '{m}' (not in its "
                             "modules.order) and does not build it in", where=str(modroot))
-        visiting.add(m)
-        data = debian_module(modroot / paths[_canon(m)])
+        seen.add(c)
+        data = debian_module(modroot / paths[c])
         info = re.search(rb"\0depends=([^\0]*)\0", data)
         for dep in (info.group(1).decode().split(",") if info else []):
             if dep:
                 visit(dep)
-        order.append((Path(paths[_canon(m)]).name.split(".ko")[0], data))
+        order.append((Path(paths[c]).name.split(".ko")[0], data))
 
     for sc in scenarios:
         for m in sc.needs:
