@@ -248,3 +248,21 @@ def test_scenario_modules_come_from_the_images_own_lists(tmp_path):
     sc = [qemu.Scenario("b", tmp_path / "b.ko", needs=["nfsd"])]
     with pytest.raises(KmlcError, match="the k kernel has no module 'nfsd'"):
         qemu.debian_modules(tmp_path / "k", sc)
+
+
+def test_dkms_reads_the_kbuilds_requirements():
+    """BUILD_EXCLUSIVE_CONFIG takes each single-option requirement;
+    BUILD_EXCLUSIVE_ARCH the architectures allowed by every either-or
+    requirement made only of architecture options (intersected), and none
+    when an either-or names another option."""
+    from kmlc.targets.package import kbuild_requirements
+
+    kb = ("ifeq ($(CONFIG_X86_64)$(CONFIG_ARM64),)\n$(error a)\nendif\n"
+          "ifeq ($(CONFIG_BLK_DEV_DM),)\n$(error b)\nendif\n"
+          "ifeq ($(CONFIG_X86_64)$(CONFIG_KERNEL_MODE_NEON),)\n$(error c)\nendif\n")
+    assert kbuild_requirements(kb) == (["CONFIG_BLK_DEV_DM"], ["aarch64", "x86_64"])
+    kb2 = kb + "ifeq ($(CONFIG_X86_64)$(CONFIG_X86_32),)\n$(error d)\nendif\n"
+    assert kbuild_requirements(kb2) == (["CONFIG_BLK_DEV_DM"], ["aarch64", "x86_64"])
+    only_x86 = kb + "ifeq ($(CONFIG_X86_64)$(CONFIG_X86_64),)\n$(error e)\nendif\n"
+    assert kbuild_requirements(only_x86)[1] == ["x86_64"]
+    assert kbuild_requirements("ifeq ($(CONFIG_NFS_FS)$(CONFIG_NFS_V4),)\n") == ([], [])
