@@ -2,7 +2,7 @@
 /*
  * Learned readahead: a kmlc model sets each file's readahead (KML)
  *
- * Kprobes on the three places a stock kernel decides readahead from
+ * Probes on the three places a stock kernel decides readahead from
  * file->f_ra.ra_pages see every page-cache miss that reaches readahead:
  * page_cache_sync_ra() (a read missed), page_cache_async_ra() (a read or a
  * fault reached a page marked PG_readahead) and filemap_fault() on a page
@@ -28,9 +28,9 @@
  * changed it, the file first gets its own readahead back.
  *
  * Context and locking.  The probes sit at the functions' entry on their
- * ftrace call (kprobes through ftrace: preemption off, never NMI; the
- * module refuses to load where a function has none).  The caller of each
- * probed function holds a reference to the file.  Each set has a
+ * ftrace call (ftrace callbacks with the registers saved: preemption off,
+ * never NMI; the module refuses to load where a function has none).  The
+ * caller of each probed function holds a reference to the file.  Each set has a
  * raw_spinlock_t (no sleeping lock under disabled preemption on
  * PREEMPT_RT), held with interrupts off for O(KML_RA_WAYS) work: finding
  * the file's way and one window step.  Counters are per CPU.  The model
@@ -55,11 +55,11 @@
 #include <linux/atomic.h>
 #include <linux/backing-dev.h>
 #include <linux/fs.h>
+#include <linux/ftrace.h>
 #ifdef KML_HAVE_FILELOCK_H
 #include <linux/filelock.h>		/* locks_remove_file() from 6.3 on (Kbuild) */
 #endif
 #include <linux/hash.h>
-#include <linux/kprobes.h>
 #include <linux/ktime.h>
 #include <linux/mm.h>
 #include <linux/module.h>
@@ -360,7 +360,7 @@ static void kml_ra_model(struct file *file, u64 id, u64 seq, const s32 *f)
 
 /*
  * A miss of file at page index; kind 0 (a read) or KML_RA_FAULT.  Context:
- * a kprobe through ftrace, preemption off; the caller holds a reference
+ * a probe's ftrace callback, preemption off; the caller holds a reference
  * to file.
  */
 static void kml_ra_miss(struct file *file, u64 index, u32 kind)
@@ -446,14 +446,13 @@ KML_CHECK_PROTO(locks_remove_file, void (*)(struct file *));
  * file's own readahead state only (ractl->ra is a filesystem's private
  * state when the readahead is not for an open file).
  */
-static int kml_ra_pre(struct kprobe *p, struct pt_regs *regs)
+static void kml_ra_pre(struct pt_regs *regs)
 {
 	struct readahead_control *ractl = (void *)regs_get_kernel_argument(regs, 0);
 	struct file *file = ractl->file;
 
 	if (file && ractl->ra == &file->f_ra)
 		kml_ra_miss(file, readahead_index(ractl), 0);
-	return 0;
 }
 
 /*
@@ -462,30 +461,29 @@ static int kml_ra_pre(struct kprobe *p, struct pt_regs *regs)
  * decisions of their own: a fault on a cached page (a marked one reaches
  * page_cache_async_ra()) and a retry (FAULT_FLAG_TRIED).
  */
-static int kml_fault_pre(struct kprobe *p, struct pt_regs *regs)
+static void kml_fault_pre(struct pt_regs *regs)
 {
 	struct vm_fault *vmf = (void *)regs_get_kernel_argument(regs, 0);
 	struct file *file = vmf->vma->vm_file;
 	void *entry;
 
 	if (!file || (vmf->flags & FAULT_FLAG_TRIED))
-		return 0;
+		return;
 	if (vmf->vma->vm_flags & (VM_RAND_READ | VM_SEQ_READ)) {
 		kml_ra_madvised(file);
-		return 0;
+		return;
 	}
 	entry = xa_load(&file->f_mapping->i_pages, vmf->pgoff);
 	if (entry && !xa_is_value(entry))	/* cached; shadow entries are not */
-		return 0;
+		return;
 	kml_ra_miss(file, vmf->pgoff, KML_RA_FAULT);
-	return 0;
 }
 
 /*
  * locks_remove_file(file): __fput() releases the file, and frees it after
  * this returns; nobody else holds a reference.  Process context.
  */
-static int kml_release_pre(struct kprobe *p, struct pt_regs *regs)
+static void kml_release_pre(struct pt_regs *regs)
 {
 	struct file *file = (void *)regs_get_kernel_argument(regs, 0);
 	struct kml_ra_set *set = kml_set_of(file);
@@ -499,40 +497,82 @@ static int kml_release_pre(struct kprobe *p, struct pt_regs *regs)
 		this_cpu_inc(kml_counts.released);
 	}
 	raw_spin_unlock_irqrestore(&set->lock, irq);
-	return 0;
 }
 
-static struct kprobe kml_release_probe = {
-	.symbol_name = "locks_remove_file", .pre_handler = kml_release_pre,
-};
-
-static struct kprobe kml_probes[] = {
-	{ .symbol_name = "page_cache_sync_ra", .pre_handler = kml_ra_pre },
-	{ .symbol_name = "page_cache_async_ra", .pre_handler = kml_ra_pre },
-	{ .symbol_name = "filemap_fault", .pre_handler = kml_fault_pre },
+/*
+ * A probe: the handler runs at the function's entry, on its ftrace call,
+ * with the registers saved (DYNAMIC_FTRACE_WITH_REGS; the arguments are
+ * still in theirs).  Function tracing's own callback, on x86-64 and arm64
+ * alike: what a kprobe through ftrace is built on, where an architecture
+ * has those (x86-64; arm64 has none in 6.1), and never an int3 or BRK
+ * probe, whose handler would run in NMI or debug-exception context, where
+ * the hook's locks may not be taken.  The name is writable:
+ * ftrace_set_filter() parses it in place.
+ */
+struct kml_probe {
+	char name[24];
+	void (*pre)(struct pt_regs *regs);
+	struct ftrace_ops ops;
 };
 
 /*
- * A probe on the function's entry, where its arguments are in their
- * registers, through ftrace: an int3 probe would run its handler in NMI
- * context, where the hook's locks may not be taken.
+ * Every probe's ftrace callback.  Context (kernel/trace/ftrace.c,
+ * include/linux/trace_recursion.h): called from the traced function's
+ * ftrace call, in whatever context that function runs (here process
+ * context, and never NMI: none of the four runs there); a successful
+ * ftrace_test_recursion_trylock() disables preemption until the unlock, and
+ * refuses a callback nested in one of the same context (a probed function
+ * reached from a handler).  unregister_ftrace_function() returns only
+ * after every running callback has returned.
  */
-static int kml_probe(struct kprobe *p)
+static void notrace kml_probe_call(unsigned long ip, unsigned long parent_ip,
+				   struct ftrace_ops *ops, struct ftrace_regs *fregs)
 {
-	int ret = register_kprobe(p);
+	struct kml_probe *p = container_of(ops, struct kml_probe, ops);
+	struct pt_regs *regs = ftrace_get_regs(fregs);
+	int bit;
 
+	bit = ftrace_test_recursion_trylock(ip, parent_ip);
+	if (bit < 0)
+		return;
+	if (regs)			/* always, with FTRACE_OPS_FL_SAVE_REGS */
+		p->pre(regs);
+	ftrace_test_recursion_unlock(bit);
+}
+
+static struct kml_probe kml_release_probe = {
+	.name = "locks_remove_file", .pre = kml_release_pre,
+};
+
+static struct kml_probe kml_probes[] = {
+	{ .name = "page_cache_sync_ra", .pre = kml_ra_pre },
+	{ .name = "page_cache_async_ra", .pre = kml_ra_pre },
+	{ .name = "filemap_fault", .pre = kml_fault_pre },
+};
+
+/* Attach p: its function must have an ftrace call (be in available_filter_functions). */
+static int kml_probe(struct kml_probe *p)
+{
+	int ret;
+
+	p->ops.func = kml_probe_call;
+	p->ops.flags = FTRACE_OPS_FL_SAVE_REGS;
+	ret = ftrace_set_filter(&p->ops, p->name, strlen(p->name), 1);
+	if (!ret)
+		ret = register_ftrace_function(&p->ops);
 	if (ret) {
-		pr_err("cannot probe %s on Linux %s (%d); not loading\n", p->symbol_name,
+		ftrace_free_filter(&p->ops);
+		pr_err("cannot probe %s through ftrace on Linux %s (%d); not loading\n", p->name,
 		       kml_release(), ret);
-		return ret;
 	}
-	if (!kprobe_ftrace(p)) {
-		unregister_kprobe(p);
-		pr_err("%s has no ftrace call at its entry on Linux %s; not loading\n",
-		       p->symbol_name, kml_release());
-		return -EOPNOTSUPP;
-	}
-	return 0;
+	return ret;
+}
+
+/* Detach p: no callback of it runs once this returns. */
+static void kml_unprobe(struct kml_probe *p)
+{
+	unregister_ftrace_function(&p->ops);
+	ftrace_free_filter(&p->ops);
 }
 
 /* ---- detach and unload ------------------------------------------------------------- */
@@ -658,11 +698,11 @@ int kml_hook_init(void)
 
 unprobe:
 	while (i--)
-		unregister_kprobe(&kml_probes[i]);
+		kml_unprobe(&kml_probes[i]);
 	kml_model_exit();
 	synchronize_rcu();
 	kml_ra_walk(true);
-	unregister_kprobe(&kml_release_probe);
+	kml_unprobe(&kml_release_probe);
 free:
 	kvfree(kml_sets);
 	return ret;
@@ -673,14 +713,14 @@ void kml_hook_exit(void)
 	int i;
 
 	for (i = 0; i < ARRAY_SIZE(kml_probes); i++)
-		unregister_kprobe(&kml_probes[i]);	/* waits for running handlers */
+		kml_unprobe(&kml_probes[i]);	/* waits for running handlers */
 	kml_model_exit();
 	synchronize_rcu();
 #if !KML_MODEL_FIXED
 	cancel_work_sync(&kml_work);
 #endif
 	kml_ra_walk(true);			/* the files get their own readahead back */
-	unregister_kprobe(&kml_release_probe);
+	kml_unprobe(&kml_release_probe);
 	kml_debugfs_remove();
 	kvfree(kml_sets);
 }

@@ -227,7 +227,7 @@ SLOW_MODULES = {"e2e/test_qemu.py": 1700, "fuzz/test_fuzz.py": 300,
                 "examples/test_admission_example.py": 350, "e2e/test_decision_models.py": 250,
                 "e2e/test_fixed_models.py": 250, "e2e/test_bench.py": 150,
                 "conformance/test_tensor_ops.py": 120, "e2e/test_package.py": 330,
-                "e2e/test_signing.py": 200, "e2e/test_arm64.py": 600}
+                "e2e/test_signing.py": 200, "e2e/test_arm64.py": 900}
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -1,8 +1,8 @@
 """``--hooks readahead``: KML's readahead, set per open file by the model.
 
-The kernel side is ``runtime-kernel/kml_ra.c`` (kprobes through ftrace on
-page_cache_sync_ra, page_cache_async_ra and filemap_fault; a set-associative
-table of files; the trace events of ``kml_ra_trace.h``); the twin's replay
+The kernel side is ``runtime-kernel/kml_ra.c`` (ftrace callbacks on
+page_cache_sync_ra, page_cache_async_ra, filemap_fault and locks_remove_file;
+a set-associative table of files; the trace events of ``kml_ra_trace.h``); the twin's replay
 is ``runtime-user/kml_ra_twin.c``.  docs/hooks.md describes the behaviour.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Readahead(ClassHook):
         "ra_pages": Param(RA_PAGES, 0, 8192, "readahead in pages per class"),
     }
     kconfig = [arch_need("readahead"),
-               ("KPROBES_ON_FTRACE", "the readahead hook (probes through ftrace)"),
+               ("DYNAMIC_FTRACE_WITH_REGS", "the readahead hook (probes through ftrace)"),
                ("FILE_LOCKING", "the readahead hook (locks_remove_file())")]
 
     # ---- trace and replay -------------------------------------------------------------

@@ -58,7 +58,7 @@ BAD_LOG = re.compile(r"\b(WARNING:|BUG:|Oops|general protection fault|Call Trace
                      r"scheduling while atomic|refcount_t:)")
 RESULT = re.compile(r"^KMLC-RESULT (\S+) (PASS|FAIL|INFO)\s*(.*)$", re.M)
 TRACE = re.compile(r"^KMLC-TRACE-BEGIN (\S+) (\S+)\n(.*?)^KMLC-TRACE-END", re.S | re.M)
-CYCLES, DEBUG_CYCLES = 50, 20
+CYCLES, DEBUG_CYCLES = 50, 10
 
 
 @dataclass
@@ -212,7 +212,7 @@ HELPERS = r"""
 kml_held() { echo 3 > /proc/sys/vm/drop_caches
     awk '/^(SUnreclaim|VmallocUsed):/ { s += $2 } END { print s }' /proc/meminfo; }
 # kml_result NAME PASS|FAIL|INFO DETAIL
-kml_result() { echo "KMLC-RESULT $1 $2 $3"; }
+kml_result() { echo "KMLC-RESULT $1 $2 $3"; echo "KMLC-TIME $(cut -d" " -f1 /proc/uptime) $1"; }
 T=/sys/kernel/tracing
 # kml_trace_on SYSTEM: record the events of SYSTEM (a module's, kml_<name>) from now
 kml_trace_on() { [ -d $T/events ] || mount -t tracefs nodev $T

@@ -9,16 +9,16 @@ built with aarch64-linux-gnu-gcc and W=1 (a warning fails the build): the
 .ko is an AArch64 ELF whose vermagic is Debian's arm64 kernel's, the float
 model's FPU section is kernel_neon_begin/end with FPCR pinned, and its float
 object has no fused multiply-add (the determinism rules, docs/numerics.md).
-The readahead hook, whose probes go through ftrace (which arm64 lacks in
-Linux 6.1), is refused in one line naming CONFIG_KPROBES_ON_FTRACE.
 
 KUnit: every model's golden-vector suite in a cross-built arm64 KUnit
 kernel under qemu-system-aarch64 (TCG, cortex-a57: float suites inside the
 real kernel_neon_begin/end).  qemu-test: Debian's own arm64 6.1 kernel
 boots with the bundled models in both numerics (each self-test bit-identical
-to the twin on its golden vectors) and with the NFS hook (both numerics)
-and the admission hook, whose scenarios pass and whose traces replay
-through the x86-64 twin bit for bit, with 100 weight swaps under load on a
+to the twin on its golden vectors) and with the readahead and NFS hooks
+(both numerics) and the admission hook, whose scenarios pass and whose
+traces replay through the x86-64 twin bit for bit (the readahead hook's
+probes are ftrace callbacks with saved registers, as on x86-64: arm64 has
+no kprobes through ftrace in 6.1), with 100 weight swaps under load on a
 weakly ordered CPU (RCU publishing of the new set).
 
 The twin: the same C built for aarch64 gives the x86-64 twin's outputs bit
@@ -74,8 +74,9 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hooked(tmp_path_factory):
-    """The hooks arm64 runs: NFS in both numerics, admission (fixed point:
-    a tree ensemble); three packed weight sets for the fixed NFS model."""
+    """The hooks arm64 runs: readahead and NFS in both numerics, admission
+    (fixed point: a tree ensemble); three packed weight sets for the fixed
+    NFS model."""
     import onnx
     from onnx import numpy_helper
 
@@ -98,9 +99,10 @@ def hooked(tmp_path_factory):
              hooks=["admission"], guards=["benefit"])
     m, cal = readahead_policy()
     kcompile(m, root / "ra_fx", name="ra_fx", numerics="fixed", calibration=cal,
-             hooks=["readahead"])
+             hooks=["readahead"], guards=["benefit=4"])
+    kcompile(m, root / "ra_fp", name="ra_fp", hooks=["readahead"])
     return {"nfs_fx": root / "nfs_fx", "nfs_fp": root / "nfs_fp", "adm_fx": root / "adm_fx",
-            "ra_fx": root / "ra_fx", "sets": sets}
+            "ra_fx": root / "ra_fx", "ra_fp": root / "ra_fp", "sets": sets}
 
 
 BUILT = ("readahead_fp", "readahead_fx", "nfs_rsize_fp", "nfs_rsize_fx", "heimdall_fp",
@@ -130,24 +132,13 @@ def test_modules_cross_build_for_arm64_with_no_warnings(models):
         assert fused not in math, fused
 
 
-@pytest.mark.kernel
-def test_the_readahead_hook_is_refused_on_arm64_in_one_line(tmp_path):
-    m, _ = readahead_policy()
-    kcompile(m, tmp_path / "o", name="rahook", hooks=["readahead"], targets="kernel")
-    res = kmlc_cli("build", tmp_path / "o", "--arch", "arm64")
-    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
-    assert res.stderr.strip().count("\n") == 0, res.stderr
-    assert "the readahead hook (probes through ftrace) needs CONFIG_KPROBES_ON_FTRACE" \
-        in res.stderr, res.stderr
-    assert not list((tmp_path / "o" / "kernel").glob("*.ko"))
-
-
 @pytest.mark.kunit
 def test_kunit_on_arm64(models, hooked):
     """Every suite passes in the arm64 KUnit kernel, each case counted
     (a suite that ran fewer cases than it has fails); hook models' suites
     too (the readahead one's: KUnit tests the model, not the probes)."""
-    dirs = list(models.values()) + [hooked[k] for k in ("nfs_fx", "nfs_fp", "adm_fx", "ra_fx")]
+    dirs = list(models.values()) + [hooked[k] for k in ("nfs_fx", "nfs_fp", "adm_fx", "ra_fx",
+                                                        "ra_fp")]
     res = kunit.run(dirs, arch="arm64")
     assert res["ok"], res["summary"]
     for d in dirs:
@@ -160,8 +151,7 @@ def test_kunit_on_arm64(models, hooked):
 @pytest.mark.kernel
 @pytest.mark.kunit
 def test_modules_build_with_llvm_for_arm64(models, tmp_path):
-    """--arch arm64 --llvm: modules of both numerics and of the NFS and
-    admission hooks build with clang, W=1 and zero warnings, against the
+    """--arch arm64 --llvm: modules of both numerics and of every hook build with clang, W=1 and zero warnings, against the
     clang-built arm64 KUnit kernel (built here if the KUnit test has not);
     each is an AArch64 module of that kernel, compiled by clang.  (Their
     names differ from the suites built into that kernel, which export the
@@ -183,7 +173,8 @@ def test_modules_build_with_llvm_for_arm64(models, tmp_path):
                                   "hooks": ["nfs-rsize"]}),
               "ll_nfs_fp": (nfs, {"hooks": ["nfs-rsize"]}),
               "ll_adm": (adm, {"numerics": "fixed", "calibration": adm_cal,
-                               "hooks": ["admission"]})}
+                               "hooks": ["admission"]}),
+              "ll_ra": (EXAMPLES / "readahead.onnx", {"hooks": ["readahead"]})}
     for name, (model, kw) in builds.items():
         d = tmp_path / name
         kcompile(model, d, name=name, targets="kernel", **kw)
@@ -202,12 +193,12 @@ def test_modules_build_with_llvm_for_arm64(models, tmp_path):
 @pytest.mark.kernel
 def test_qemu_test_on_arm64(models, hooked):
     """Debian's arm64 6.1 kernel under qemu-system-aarch64: the bundled
-    models' self-tests (both numerics), the NFS hook's scenario in both
-    numerics and the admission mirror's (data checksummed, ext4 with the
+    models' self-tests (both numerics), the readahead and NFS hooks'
+    scenarios in both numerics and the admission mirror's (data checksummed, ext4 with the
     primary failed, failover), their traces replayed through the twin bit
     for bit, and 100 swaps of the fixed NFS model's weights under load."""
     dirs = [models[f"{n}_{x}"] for n in SEED_MODELS for x in ("fp", "fx")]
-    dirs += [hooked[k] for k in ("nfs_fx", "nfs_fp", "adm_fx")]
+    dirs += [hooked[k] for k in ("nfs_fx", "nfs_fp", "adm_fx", "ra_fx", "ra_fp")]
     res = kmlc_cli("qemu-test", "--arch", "arm64", *dirs,
                    *[a for w in hooked["sets"] for a in ("--weights", w)])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
@@ -221,7 +212,10 @@ def test_qemu_test_on_arm64(models, hooked):
                                        "guard-reads", "swap")),
                        ("kml_nfs_fp", ("events", "restore", "replay-reads")),
                        ("kml_adm_fx", ("mirror", "ext4", "failover", "replay-mirror",
-                                       "guard-mirror"))):
+                                       "guard-mirror")),
+                       ("kml_ra_fx", ("events", "table", "restore", "fadvise", "reload-cycles",
+                                      "replay-reads", "replay-multi", "guard-reads", "files")),
+                       ("kml_ra_fp", ("events", "restore", "replay-reads", "files"))):
         for step in steps:
             assert lines[f"{mod}-{step}"].startswith("PASS"), (mod, step, lines)
     assert "100 swaps over 3 sets" in lines["kml_nfs_fx-swap"], lines["kml_nfs_fx-swap"]

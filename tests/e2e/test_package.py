@@ -54,7 +54,7 @@ def test_the_dkms_tree_is_the_module_and_builds_with_plain_make(tmp_path):
     # what the Kbuild checks of a kernel's configuration, DKMS checks first
     kbuild = (out / "kernel" / "Kbuild").read_text()
     needs = re.findall(r"ifeq \(\$\((CONFIG_\w+)\),\)", kbuild)
-    assert needs and "CONFIG_KPROBES_ON_FTRACE" in needs
+    assert needs and "CONFIG_DYNAMIC_FTRACE_WITH_REGS" in needs
     assert c["BUILD_EXCLUSIVE_CONFIG"].split() == needs
     # the hook's architectures (either option), as DKMS matches uname -m
     assert "ifeq ($(CONFIG_X86_64)$(CONFIG_ARM64),)" in kbuild

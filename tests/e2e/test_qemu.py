@@ -138,6 +138,10 @@ def check_hooks(res, dirs, swaps=()):
         for step in hook.steps + (("swap",) if d in swaps else ()):
             assert status[f"{mod}-{step}"] in ("PASS", "INFO" if step == "overlap" else "PASS"), \
                 (step, res["lines"])
+        # the log times each step the guest ran (the uptime after its result)
+        ran = set(re.findall(rf"^KMLC-RESULT ({mod}-\S+) ", res["log"], re.M))
+        timed = set(re.findall(rf"^KMLC-TIME \d+\.\d+ ({mod}-\S+)$", res["log"], re.M))
+        assert ran and ran == timed, (ran ^ timed)
         # every module's guard steps replayed, from its first, through the twin
         assert any(k.startswith(f"{mod}-guard-") and v == "PASS" for k, v in status.items()), \
             res["lines"]

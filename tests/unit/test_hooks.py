@@ -171,22 +171,23 @@ def test_nfs_tracepoint_prototypes_are_the_kernels(version):
 @pytest.mark.kernel
 def test_kbuild_refuses_what_the_code_cannot_run_on(tmp_path):
     """A kernel without what a hook needs fails the build with one line
-    naming it (here the configuration's KPROBES_ON_FTRACE unset on make's
-    command line); Kconfig says the same for an in-tree build."""
+    naming it (here the configuration's DYNAMIC_FTRACE_WITH_REGS unset on
+    make's command line); Kconfig says the same for an in-tree build."""
     from kmlc.targets.kernel import find_kdir, make_command
 
     m, c = readahead_policy()
     kcompile(m, tmp_path / "r", numerics="fixed", calibration=c, hooks=["readahead"],
              name="rap", targets="kernel")
     kdir = tmp_path / "r/kernel"
-    res = subprocess.run(make_command(find_kdir(), kdir) + ["CONFIG_KPROBES_ON_FTRACE=",
-                                                            "modules"],
+    res = subprocess.run(make_command(find_kdir(), kdir)
+                         + ["CONFIG_DYNAMIC_FTRACE_WITH_REGS=", "modules"],
                          capture_output=True, text=True)
     assert res.returncode != 0
-    assert "kml_rap: the readahead hook (probes through ftrace) needs CONFIG_KPROBES_ON_FTRACE" \
-        in res.stderr, res.stderr[-2000:]
+    assert ("kml_rap: the readahead hook (probes through ftrace) needs "
+            "CONFIG_DYNAMIC_FTRACE_WITH_REGS") in res.stderr, res.stderr[-2000:]
     kconfig = (kdir / "Kconfig").read_text()
-    assert re.search(r"depends on \(X86_64 \|\| ARM64\) && KPROBES_ON_FTRACE && FILE_LOCKING", kconfig)
+    assert re.search(r"depends on \(X86_64 \|\| ARM64\) && DYNAMIC_FTRACE_WITH_REGS "
+                     r"&& FILE_LOCKING", kconfig)
     assert not (kdir / "kml_rap.ko").exists()
 
 
