@@ -392,7 +392,9 @@ def kunit(outdirs, arch, jobs):
 @click.option("--script", type=click.Path(dir_okay=False),
               help="Run this shell script in the guest instead of the hook's scenario; its "
                    "exit status decides (docs/hooks.md: what it finds ready).")
-@click.option("--timeout", type=int, help="Seconds for the whole boot (default 600; debug 1800).")
+@click.option("--timeout", type=int,
+              help="Seconds for the whole boot (default: 150 per model with a hook, 20 per "
+                   "other, at least 600; on the debug kernel 450, 60, at least 1800).")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Save the serial log.")
 @click.option("--weights", "weights", multiple=True, type=click.Path(dir_okay=False),
               help="A weight set (kmlc pack) to hot-swap in, repeatable: 100 swaps cycle "

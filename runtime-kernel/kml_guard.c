@@ -6,7 +6,7 @@
  * ("Guards") says what each guard does and how to tune it.
  *
  * Context: a hook calls kml_guarded_decide() and kml_guarded_cost() from
- * its event handlers (ftrace callbacks, tracepoint probes,
+ * its event handlers (probes through ftrace, tracepoint probes,
  * device-mapper map and end_io: any context but NMI), under the raw
  * spinlock that serializes the guard, for O(features) work.
  * ktime_get_ns() is safe there; the parameters are read once per step

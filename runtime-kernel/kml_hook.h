@@ -16,7 +16,7 @@
  *    the prototype the hook reads its arguments by;
  *  - debugfs files readable by root only.
  *
- * Locking rules, for every hook: event handlers (ftrace callbacks,
+ * Locking rules, for every hook: event handlers (probes through ftrace,
  * tracepoint probes, device-mapper map/end_io) never run in NMI context
  * and never sleep; what they share with process context is guarded by
  * raw_spinlock_t (which does not sleep on PREEMPT_RT) held for O(1) work;

@@ -28,8 +28,9 @@
  * changed it, the file first gets its own readahead back.
  *
  * Context and locking.  The probes sit at the functions' entry on their
- * ftrace call (ftrace callbacks with the registers saved: preemption off,
- * never NMI; the module refuses to load where a function has none).  The
+ * ftrace call (kprobes through ftrace on x86-64, ftrace callbacks of the
+ * module's own on arm64, see "probes" below: preemption off, never NMI;
+ * the module refuses to load where a function has none).  The
  * caller of each probed function holds a reference to the file.  Each set has a
  * raw_spinlock_t (no sleeping lock under disabled preemption on
  * PREEMPT_RT), held with interrupts off for O(KML_RA_WAYS) work: finding
@@ -60,6 +61,7 @@
 #include <linux/filelock.h>		/* locks_remove_file() from 6.3 on (Kbuild) */
 #endif
 #include <linux/hash.h>
+#include <linux/kprobes.h>
 #include <linux/ktime.h>
 #include <linux/mm.h>
 #include <linux/module.h>
@@ -360,7 +362,7 @@ static void kml_ra_model(struct file *file, u64 id, u64 seq, const s32 *f)
 
 /*
  * A miss of file at page index; kind 0 (a read) or KML_RA_FAULT.  Context:
- * a probe's ftrace callback, preemption off; the caller holds a reference
+ * a probe at the function's entry, preemption off; the caller holds a reference
  * to file.
  */
 static void kml_ra_miss(struct file *file, u64 index, u32 kind)
@@ -500,18 +502,102 @@ static void kml_release_pre(struct pt_regs *regs)
 }
 
 /*
- * A probe: the handler runs at the function's entry, on its ftrace call,
- * with the registers saved (DYNAMIC_FTRACE_WITH_REGS; the arguments are
- * still in theirs).  Function tracing's own callback, on x86-64 and arm64
- * alike: what a kprobe through ftrace is built on, where an architecture
- * has those (x86-64; arm64 has none in 6.1), and never an int3 or BRK
- * probe, whose handler would run in NMI or debug-exception context, where
- * the hook's locks may not be taken.  The name is writable:
- * ftrace_set_filter() parses it in place.
+ * Two probes: the misses (three functions) and the release, which must
+ * outlive them (see kml_hook_exit()).  Each handler runs at its
+ * function's entry, on the function's ftrace call, with the registers
+ * saved (the arguments still in theirs), with preemption off, never in NMI
+ * context: never an int3 or BRK probe, whose handler would run in NMI or
+ * debug-exception context, where the hook's locks may not be taken.
+ *
+ * Where the kernel has kprobes through ftrace (x86-64), they are used:
+ * they share the core kernel's ftrace_ops, so a module's load and unload
+ * cost no grace period of RCU tasks.  Elsewhere (arm64 has none in 6.1)
+ * each probe is an ftrace_ops of the module's own, whose removal waits
+ * for one (kernel/trace/ftrace.c, ftrace_shutdown()): so two, not one per
+ * function.  Both need DYNAMIC_FTRACE_WITH_REGS (the Kbuild checks it).
  */
+#ifdef CONFIG_KPROBES_ON_FTRACE
+
 struct kml_probe {
-	char name[24];
-	void (*pre)(struct pt_regs *regs);
+	struct kprobe kp[3];
+	unsigned int n;
+};
+
+static int kml_kp_ra(struct kprobe *p, struct pt_regs *regs)
+{
+	kml_ra_pre(regs);
+	return 0;
+}
+
+static int kml_kp_fault(struct kprobe *p, struct pt_regs *regs)
+{
+	kml_fault_pre(regs);
+	return 0;
+}
+
+static int kml_kp_release(struct kprobe *p, struct pt_regs *regs)
+{
+	kml_release_pre(regs);
+	return 0;
+}
+
+static struct kml_probe kml_release_probe = {
+	.kp = { { .symbol_name = "locks_remove_file", .pre_handler = kml_kp_release } },
+	.n = 1,
+};
+
+static struct kml_probe kml_miss_probe = {
+	.kp = { { .symbol_name = "page_cache_sync_ra", .pre_handler = kml_kp_ra },
+		{ .symbol_name = "page_cache_async_ra", .pre_handler = kml_kp_ra },
+		{ .symbol_name = "filemap_fault", .pre_handler = kml_kp_fault } },
+	.n = 3,
+};
+
+/* Attach p: a kprobe on each function's ftrace call, or none. */
+static int kml_probe(struct kml_probe *p)
+{
+	unsigned int i;
+	int ret;
+
+	for (i = 0; i < p->n; i++) {
+		struct kprobe *kp = &p->kp[i];
+
+		ret = register_kprobe(kp);
+		if (ret) {
+			pr_err("cannot probe %s on Linux %s (%d); not loading\n", kp->symbol_name,
+			       kml_release(), ret);
+			goto undo;
+		}
+		if (!kprobe_ftrace(kp)) {
+			unregister_kprobe(kp);
+			pr_err("%s has no ftrace call at its entry on Linux %s; not loading\n",
+			       kp->symbol_name, kml_release());
+			ret = -EOPNOTSUPP;
+			goto undo;
+		}
+	}
+	return 0;
+undo:
+	while (i--)
+		unregister_kprobe(&p->kp[i]);
+	return ret;
+}
+
+/* Detach p: no handler of it runs once this returns. */
+static void kml_unprobe(struct kml_probe *p)
+{
+	unsigned int i;
+
+	for (i = 0; i < p->n; i++)
+		unregister_kprobe(&p->kp[i]);
+}
+
+#else /* !CONFIG_KPROBES_ON_FTRACE: an ftrace_ops per probe */
+
+/* The names are writable: ftrace_set_filter() parses them in place. */
+struct kml_probe {
+	char name[3][24];
+	void (*pre)(unsigned long ip, struct pt_regs *regs);
 	struct ftrace_ops ops;
 };
 
@@ -536,35 +622,59 @@ static void notrace kml_probe_call(unsigned long ip, unsigned long parent_ip,
 	if (bit < 0)
 		return;
 	if (regs)			/* always, with FTRACE_OPS_FL_SAVE_REGS */
-		p->pre(regs);
+		p->pre(ip, regs);
 	ftrace_test_recursion_unlock(bit);
 }
 
+/*
+ * A miss: ip, the ftrace call site of one of the three functions, is
+ * filemap_fault()'s when it lies in its first instructions (at its entry,
+ * or after an endbr64, or after arm64's first patchable NOP and a BTI);
+ * the other two share a handler.
+ */
+static void kml_miss_pre(unsigned long ip, struct pt_regs *regs)
+{
+	if (ip - (unsigned long)filemap_fault < 16)
+		kml_fault_pre(regs);
+	else
+		kml_ra_pre(regs);
+}
+
+static void kml_release_call(unsigned long ip, struct pt_regs *regs)
+{
+	kml_release_pre(regs);
+}
+
 static struct kml_probe kml_release_probe = {
-	.name = "locks_remove_file", .pre = kml_release_pre,
+	.name = { "locks_remove_file" }, .pre = kml_release_call,
 };
 
-static struct kml_probe kml_probes[] = {
-	{ .name = "page_cache_sync_ra", .pre = kml_ra_pre },
-	{ .name = "page_cache_async_ra", .pre = kml_ra_pre },
-	{ .name = "filemap_fault", .pre = kml_fault_pre },
+static struct kml_probe kml_miss_probe = {
+	.name = { "page_cache_sync_ra", "page_cache_async_ra", "filemap_fault" },
+	.pre = kml_miss_pre,
 };
 
-/* Attach p: its function must have an ftrace call (be in available_filter_functions). */
+/* Attach p: each of its functions must have an ftrace call (be in available_filter_functions). */
 static int kml_probe(struct kml_probe *p)
 {
-	int ret;
+	int i, ret = 0;
 
 	p->ops.func = kml_probe_call;
 	p->ops.flags = FTRACE_OPS_FL_SAVE_REGS;
-	ret = ftrace_set_filter(&p->ops, p->name, strlen(p->name), 1);
-	if (!ret)
-		ret = register_ftrace_function(&p->ops);
-	if (ret) {
-		ftrace_free_filter(&p->ops);
-		pr_err("cannot probe %s through ftrace on Linux %s (%d); not loading\n", p->name,
-		       kml_release(), ret);
+	for (i = 0; i < ARRAY_SIZE(p->name) && p->name[i][0] && !ret; i++) {
+		ret = ftrace_set_filter(&p->ops, p->name[i], strlen(p->name[i]), !i);
+		if (ret)
+			pr_err("cannot probe %s through ftrace on Linux %s (%d); not loading\n",
+			       p->name[i], kml_release(), ret);
 	}
+	if (!ret) {
+		ret = register_ftrace_function(&p->ops);
+		if (ret)
+			pr_err("cannot register the probe on %s on Linux %s (%d); not loading\n",
+			       p->name[0], kml_release(), ret);
+	}
+	if (ret)
+		ftrace_free_filter(&p->ops);
 	return ret;
 }
 
@@ -574,6 +684,8 @@ static void kml_unprobe(struct kml_probe *p)
 	unregister_ftrace_function(&p->ops);
 	ftrace_free_filter(&p->ops);
 }
+
+#endif /* CONFIG_KPROBES_ON_FTRACE */
 
 /* ---- detach and unload ------------------------------------------------------------- */
 
@@ -685,11 +797,9 @@ int kml_hook_init(void)
 	if (ret)
 		goto free;
 	kml_model_init();
-	for (i = 0; i < ARRAY_SIZE(kml_probes); i++) {
-		ret = kml_probe(&kml_probes[i]);
-		if (ret)
-			goto unprobe;
-	}
+	ret = kml_probe(&kml_miss_probe);
+	if (ret)
+		goto unprobe;
 	kml_debugfs_file("stats", &kml_stats_fops);
 	kml_debugfs_file("files", &kml_files_fops);
 	kml_debugfs_saturated();
@@ -697,8 +807,6 @@ int kml_hook_init(void)
 	return 0;
 
 unprobe:
-	while (i--)
-		kml_unprobe(&kml_probes[i]);
 	kml_model_exit();
 	synchronize_rcu();
 	kml_ra_walk(true);
@@ -710,10 +818,7 @@ free:
 
 void kml_hook_exit(void)
 {
-	int i;
-
-	for (i = 0; i < ARRAY_SIZE(kml_probes); i++)
-		kml_unprobe(&kml_probes[i]);	/* waits for running handlers */
+	kml_unprobe(&kml_miss_probe);		/* waits for running handlers */
 	kml_model_exit();
 	synchronize_rcu();
 #if !KML_MODEL_FIXED

@@ -1,6 +1,6 @@
 """``--hooks readahead``: KML's readahead, set per open file by the model.
 
-The kernel side is ``runtime-kernel/kml_ra.c`` (ftrace callbacks on
+The kernel side is ``runtime-kernel/kml_ra.c`` (probes through ftrace on
 page_cache_sync_ra, page_cache_async_ra, filemap_fault and locks_remove_file;
 a set-associative table of files; the trace events of ``kml_ra_trace.h``); the twin's replay
 is ``runtime-user/kml_ra_twin.c``.  docs/hooks.md describes the behaviour.

@@ -589,6 +589,18 @@ def match_sets(outdirs: list[Path], weights: list[Path]) -> dict[Path, list[byte
     return out
 
 
+def default_timeout(scenarios: list[Scenario], kernel: Kernel) -> int:
+    """Seconds a boot may take unless --timeout says: a budget per
+    scenario, from the slowest runs seen (a hook's scenario about 90 s of
+    guest time on Debian's kernels under TCG, 300 s on the debug kernel;
+    a self-test a few seconds), with room for a machine slower or busier
+    by half again; at least 600 s (1,800 on the debug kernel).  A boot that
+    hangs is still stopped, after about as long as a slow one would take."""
+    per_hook, per_model, floor = (450, 60, 1800) if kernel.debug else (150, 20, 600)
+    return max(floor, sum(per_hook + per_hook // 2 * sc.swaps if sc.hook else per_model
+                          for sc in scenarios))
+
+
 def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
         script: Path | None = None, timeout: int | None = None, log=print,
         log_path: Path | None = None, weights: list[Path] = (),
@@ -615,8 +627,7 @@ def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
         modules = debian_modules(k.root, scenarios)
         init = init_script(scenarios, [m for m, _ in modules], debug=k.debug)
         initramfs = build_initramfs(k.root, scenarios, init, modules)
-    timeout = timeout or (1800 if k.debug else 600)
-    out = boot(initramfs, k, timeout=timeout, log_path=log_path)
+    out = boot(initramfs, k, timeout=timeout or default_timeout(scenarios, k), log_path=log_path)
     if log_path:
         Path(log_path).write_text(out)
     ok, lines = check(out)

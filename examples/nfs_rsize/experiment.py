@@ -29,7 +29,7 @@ NEGOTIATED = 1 << 20
 WINDOW_MS = 100                   # the hook's window_ms for this example (KML: 1000; see README)
 EXPLORE_RSIZE = (4096, 262144, NEGOTIATED)   # the values rsize takes under the hook
 # A tracepoint probe and the hook's window update under its spinlock: cheaper
-# than the readahead example's kprobe (0.5 us).
+# than the readahead example's ftrace probe (0.5 us).
 CPU = Cpu(hook_event_ns=250)
 
 

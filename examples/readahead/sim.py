@@ -30,7 +30,7 @@ after another.
 The readahead decision points are page_cache_sync_ra(),
 page_cache_async_ra() and a fault on a page that is not cached (where
 filemap_fault() calls do_sync_mmap_readahead()), where the kmlc readahead
-hook's kprobes sit: every one goes to ``Sim.hook(sim, file, index, t_ns)``
+hook's probes (ftrace callbacks) sit: every one goes to ``Sim.hook(sim, file, index, t_ns)``
 first (it may change
 ``file.ra.ra_pages``, as the hook does) and, with ``Sim.trace`` set, is
 recorded as {time ns, file id, page index, ra_pages as the hook saw it}:
@@ -94,8 +94,9 @@ class Cpu:
     insert_ns: int = 300           # allocate a page, add it to the cache and LRU, set up I/O
     fault_ns: int = 1_000          # a page fault: entry, VMA lookup, page table walk
     map_ns: int = 100              # fault-around: map one cached page
-    # The learned policy's hook (kml_ra.c): per hooked call, a kprobe hit
-    # through ftrace (Documentation/trace/kprobes.rst: 0.06 us for an
+    # The learned policy's hook (kml_ra.c): per hooked call, an ftrace
+    # callback (at most a kprobe through ftrace, which is one plus the
+    # kprobe's own work; Documentation/trace/kprobes.rst: 0.06 us for an
     # optimized probe on a 2.33 GHz Xeon), the set's lock and the window
     # step (benchmarks.md "Hook feature steps": 5.5 ns); per inference, the
     # model and setting ra_pages: kmlc's readahead model takes 120 ns
@@ -188,7 +189,7 @@ class Sim:
 
     ``hook(sim, file, index, t_ns)``: called at the entry of
     page_cache_sync_ra() and page_cache_async_ra(), and of filemap_fault()
-    for a page that is not cached, like the kmlc hook's kprobes; it may
+    for a page that is not cached, like the kmlc hook's probes; it may
     change ``file.ra.ra_pages`` and returns the ra_pages its
     window saw (None: the file's, unchanged).  ``trace``: a list to which
     each of those calls is appended as (t_ns, file id, index, ra_pages), with
@@ -430,7 +431,7 @@ class Sim:
         self.do_page_cache_ra(f, ra.start, ra.size, ra.async_size)
 
     def _event(self, f: File, index: int) -> None:
-        """The kprobes on page_cache_sync_ra()/page_cache_async_ra(), and on
+        """The probes on page_cache_sync_ra()/page_cache_async_ra(), and on
         filemap_fault() for a page that is not cached."""
         t = self.now
         seen = self.hook(self, f, index, t) if self.hook is not None else None
@@ -594,7 +595,7 @@ class Sim:
         return page
 
     def _sync_mmap_readahead(self, f: File, index: int) -> None:
-        """mm/filemap.c do_sync_mmap_readahead(), after the hook's kprobe on
+        """mm/filemap.c do_sync_mmap_readahead(), after the hook's probe on
         filemap_fault(): mmap read-around, ra_pages centred on the fault with
         the marker a quarter from its end, unless the file has missed more
         than MMAP_LOTSAMISS times more than it hit."""

@@ -17,8 +17,8 @@ boots with the bundled models in both numerics (each self-test bit-identical
 to the twin on its golden vectors) and with the readahead and NFS hooks
 (both numerics) and the admission hook, whose scenarios pass and whose
 traces replay through the x86-64 twin bit for bit (the readahead hook's
-probes are ftrace callbacks with saved registers, as on x86-64: arm64 has
-no kprobes through ftrace in 6.1), with 100 weight swaps under load on a
+probes are an ftrace_ops of its own there: arm64 has no kprobes through
+ftrace in 6.1), with 100 weight swaps under load on a
 weakly ordered CPU (RCU publishing of the new set).
 
 The twin: the same C built for aarch64 gives the x86-64 twin's outputs bit

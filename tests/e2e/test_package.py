@@ -189,3 +189,43 @@ def test_the_deb_installs_builds_for_every_kernel_boots_and_removes_cleanly(tmp_
     for k in kernels:
         dep = Path("/lib/modules") / k / "modules.dep"
         assert not dep.is_file() or "kml_radeb" not in dep.read_text()
+
+
+@pytest.mark.kernel
+def test_a_kernel_the_build_fails_for_is_named_and_the_others_get_the_module(tmp_path):
+    """dpkg -i of the DKMS package while one installed kernel's build fails
+    (6.12's, made to fail in the Kbuild, as a kernel whose API moved
+    would): the package still installs, names that kernel and its build
+    log, installs the module for every other kernel, and `dpkg -r` removes
+    it from all of them."""
+    if not shutil.which("dkms") or os.geteuid() != 0:
+        pytest.fail("this test installs packages: it needs root and dkms (the README's setup "
+                    "installs dkms)")
+    out = tmp_path / "o"
+    kcompile(mlp_model([4, 8, 2]), out, name="pkfail", targets="kernel")
+    kbuild = out / "kernel" / "Kbuild"
+    kbuild.write_text("ifneq ($(filter 6.12.%,$(KERNELRELEASE)),)\n"
+                      "$(error kml_pkfail: this build fails on 6.12, on purpose)\nendif\n"
+                      + kbuild.read_text())
+    res = kmlc_cli("package", out, "--deb", "-o", tmp_path / "dist", "--version", "1.0")
+    assert res.returncode == 0, res.stderr
+    kernels = [release_of(k) for k in installed_headers()]
+    failing = [k for k in kernels if k.startswith("6.12.")]
+    assert failing and len(failing) < len(kernels), kernels
+    try:
+        r = _dpkg("-i", tmp_path / "dist" / "kml-pkfail-dkms_1.0_all.deb")     # exit 0
+        assert "install ok installed" in _dpkg("-s", "kml-pkfail-dkms").stdout
+        for k in kernels:
+            if k in failing:
+                assert (f"kml-pkfail: the build for {k} failed (exit" in r.stderr
+                        and "/var/lib/dkms/kml-pkfail/1.0/build/make.log" in r.stderr), r.stderr
+                assert _installed_module(k, "kml_pkfail") is None, k
+            else:
+                assert f"kml-pkfail: built and installed for {k}" in r.stdout, r.stdout
+                assert _installed_module(k, "kml_pkfail") is not None, k
+    finally:
+        _dpkg("-r", "kml-pkfail-dkms", check=False)
+    assert "install ok installed" not in _dpkg("-s", "kml-pkfail-dkms", check=False).stdout
+    assert not Path("/usr/src/kml-pkfail-1.0").exists()
+    assert not Path("/var/lib/dkms/kml-pkfail").exists()
+    assert not list(Path("/lib/modules").glob("*/updates/dkms/kml_pkfail.ko*"))

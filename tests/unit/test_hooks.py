@@ -267,3 +267,24 @@ def test_dkms_reads_the_kbuilds_requirements():
     only_x86 = kb + "ifeq ($(CONFIG_X86_64)$(CONFIG_X86_64),)\n$(error e)\nendif\n"
     assert kbuild_requirements(only_x86)[1] == ["x86_64"]
     assert kbuild_requirements("ifeq ($(CONFIG_NFS_FS)$(CONFIG_NFS_V4),)\n") == ([], [])
+
+
+def test_a_boots_default_timeout_grows_with_its_scenarios():
+    """kmlc qemu-test's default timeout: 600 s (1,800 on the debug kernel)
+    for a few models, and 150 s per hooked model beyond that (450 on the
+    debug kernel; a swap scenario half again), so that six hooked models
+    on a busy machine are not cut off at 600 s (which a CI run saw)."""
+    from pathlib import Path
+
+    from kmlc.targets.kernels import Kernel
+    from kmlc.targets.qemu import Scenario, default_timeout
+
+    k = Kernel("6.12", Path("/k"), "6.12.0", Path("/r"))
+    dbg = Kernel("debug", Path("/k"), "6.1.0-kmlc-debug", Path("/r"), debug=True)
+    hooked = [Scenario(f"m{i}", Path("/m.ko"), hook=object()) for i in range(6)]
+    plain = [Scenario(f"p{i}", Path("/p.ko")) for i in range(6)]
+    assert default_timeout(plain, k) == 600 and default_timeout(hooked[:4], k) == 600
+    assert default_timeout(hooked, k) == 900 and default_timeout(hooked + plain, k) == 1020
+    assert default_timeout(hooked[:2], dbg) == 1800
+    swapped = [Scenario(f"s{i}", Path("/s.ko"), hook=object(), swaps=True) for i in range(4)]
+    assert default_timeout(swapped, dbg) == 4 * (450 + 225)
