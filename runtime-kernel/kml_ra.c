@@ -30,8 +30,8 @@
  * Context and locking.  The probes sit at the functions' entry on their
  * ftrace call (kprobes through ftrace on x86-64, ftrace callbacks of the
  * module's own on arm64, see "probes" below: preemption off, never NMI;
- * the module refuses to load where a function has none).  The
- * caller of each probed function holds a reference to the file.  Each set has a
+ * the module refuses to load where a function has none).  The caller of
+ * each probed function holds a reference to the file.  Each set has a
  * raw_spinlock_t (no sleeping lock under disabled preemption on
  * PREEMPT_RT), held with interrupts off for O(KML_RA_WAYS) work: finding
  * the file's way and one window step.  Counters are per CPU.  The model
@@ -362,8 +362,8 @@ static void kml_ra_model(struct file *file, u64 id, u64 seq, const s32 *f)
 
 /*
  * A miss of file at page index; kind 0 (a read) or KML_RA_FAULT.  Context:
- * a probe at the function's entry, preemption off; the caller holds a reference
- * to file.
+ * a probe at the function's entry, preemption off; the caller holds a
+ * reference to file.
  */
 static void kml_ra_miss(struct file *file, u64 index, u32 kind)
 {
