@@ -397,16 +397,23 @@ def kunit(outdirs, arch, jobs):
                    "other, at least 600; on the debug kernel 450, 60, at least 1800).")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Save the serial log.")
 @click.option("--weights", "weights", multiple=True, type=click.Path(dir_okay=False),
-              help="A weight set (kmlc pack) to hot-swap in, repeatable: 100 swaps cycle "
-                   "through them while the hook runs, each checked against the twin, then "
-                   "forgeries and rollback (docs/weights.md).")
+              help="A weight set (kmlc pack) to hot-swap in, repeatable: the swaps (--swaps) "
+                   "cycle through them while the hook runs, each checked against the twin, "
+                   "then forgeries and rollback (docs/weights.md).")
+@click.option("--cycles", type=click.IntRange(1, 100000),
+              help="Module unload/reload cycles under load per hooked model (default 25; 5 "
+                   "on the debug kernel and arm64); more for a soak, with --timeout.")
+@click.option("--swaps", type=click.IntRange(2, 100000),
+              help="Weight swaps per model given --weights (default 100; 20 on the debug "
+                   "kernel and arm64).")
 @click.option("--ko", type=click.Path(dir_okay=False),
               help="With one OUTDIR: boot this module, built elsewhere for the kernel booted "
                    "(by DKMS, say), instead of building OUTDIR/kernel.")
 @click.option("--arch", default="x86_64", show_default=True, type=click.Choice(["x86_64", "arm64"]),
               help="arm64: Debian's arm64 6.1 kernel under qemu-system-aarch64 (TCG), the "
               "module cross-built against its headers.")
-def qemu_test(outdirs, kernel, kdir, script, timeout, log_path, weights, ko, arch):
+def qemu_test(outdirs, kernel, kdir, script, timeout, log_path, weights, ko, cycles, swaps,
+              arch):
     """Boot a kernel in qemu, load the modules and test their hooks."""
     from .targets.qemu import run as run_qemu
 
@@ -416,7 +423,8 @@ def qemu_test(outdirs, kernel, kdir, script, timeout, log_path, weights, ko, arc
                    script=Path(script) if script else None, timeout=timeout,
                    log_path=Path(log_path) if log_path else None,
                    weights=[Path(w) for w in weights],
-                   modules={Path(outdirs[0]): Path(ko)} if ko else None, arch=arch)
+                   modules={Path(outdirs[0]): Path(ko)} if ko else None, arch=arch,
+                   cycles=cycles, swaps=swaps)
     if not res["ok"]:
         raise KmlcError("qemu test failed: " + "; ".join(
             ln for ln in res["lines"] if "PASS" not in ln and "INFO" not in ln))

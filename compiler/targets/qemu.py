@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import KmlcError
 from ..hooks.guard import PARAMS as GUARD_PARAMS
 from .kernel import CROSS, build_module, sign_module
-from .kernels import Kernel, release_of, resolve, signing_key  # noqa: F401  (release_of)
+from .kernels import Kernel, Loops, release_of, resolve, signing_key  # noqa: F401  (release_of)
 from .kunit import cache_dir, locked
 
 TOOLS = Path(__file__).resolve().parent / "qemu_tools"
@@ -58,7 +58,6 @@ BAD_LOG = re.compile(r"\b(WARNING:|BUG:|Oops|general protection fault|Call Trace
                      r"scheduling while atomic|refcount_t:)")
 RESULT = re.compile(r"^KMLC-RESULT (\S+) (PASS|FAIL|INFO)\s*(.*)$", re.M)
 TRACE = re.compile(r"^KMLC-TRACE-BEGIN (\S+) (\S+)\n(.*?)^KMLC-TRACE-END", re.S | re.M)
-CYCLES, DEBUG_CYCLES = 50, 10
 
 
 @dataclass
@@ -287,12 +286,14 @@ def module_for(outdir: Path, kernel: Kernel, ko: Path | None = None) -> Path:
 
 def model_scenario(outdir: Path, kernel: Kernel, script: Path | None = None,
                    sets: list[bytes] | None = None, scratch: Path | None = None,
-                   ko: Path | None = None) -> Scenario:
+                   ko: Path | None = None, loops: Loops | None = None) -> Scenario:
     """Load the model's module (its self-test runs), run its hook's
     scenario or the user's script, swap in the weight sets ``sets`` (if
-    any), unload it.  ``ko``: a module built elsewhere (``module_for``)."""
+    any), unload it.  ``ko``: a module built elsewhere (``module_for``);
+    ``loops``: the scenario's iteration counts (the kernel's by default)."""
     from ..hooks import owner
 
+    loops = loops or kernel.loops
     meta = _manifest(outdir)
     mod = meta["module"]
     ko = module_for(outdir, kernel, ko)
@@ -308,8 +309,7 @@ def model_scenario(outdir: Path, kernel: Kernel, script: Path | None = None,
         if "kml_dmsetup" in hook.tools:
             files["bin/dmsetup"] = tool("kml_dmsetup", kernel.arch)
         if script is None:
-            cycles = DEBUG_CYCLES if kernel.short_loops else CYCLES
-            body = param_checks(mod, hook) + hook.scenario(mod, ko.name, cycles)
+            body = param_checks(mod, hook) + hook.scenario(mod, ko.name, loops.cycles)
     if script is not None:
         files["lib/kmlc/user-script.sh"] = Path(script)
         setup = hook.setup(mod) if hook is not None else ""
@@ -323,7 +323,7 @@ sh /lib/kmlc/user-script.sh ); rc=$?
 """
     if sets:
         files.update(swap_files(Path(outdir), sets, scratch / mod))
-        body += swap_scenario(mod, hook, len(sets))
+        body += swap_scenario(mod, hook, len(sets), loops.swaps)
     text = f"""
 if insmod /lib/kmlc/{ko.name}; then
     if dmesg | grep -q "{mod}: selftest: .* bit-identical"; then
@@ -339,8 +339,6 @@ fi"""
     return Scenario(mod, ko, needs=needs, files=files, script=text, outdir=Path(outdir),
                     hook=hook, swaps=bool(sets))
 
-
-SWAPS = 100
 
 
 def swap_files(outdir: Path, blobs: list[bytes], into: Path) -> dict[str, Path]:
@@ -380,8 +378,8 @@ def swap_files(outdir: Path, blobs: list[bytes], into: Path) -> dict[str, Path]:
     return files
 
 
-def swap_scenario(module: str, hook, sets: int) -> str:
-    """Shell: SWAPS swaps cycling through the ``sets`` weight sets (while
+def swap_scenario(module: str, hook, sets: int, swaps: int) -> str:
+    """Shell: ``swaps`` swaps cycling through the ``sets`` weight sets (while
     the hook's load runs, for a model with a hook), each followed by the
     module's version and its golden outputs on the new set, which must be
     the twin's; then a corrupted and a truncated blob, each refused with the
@@ -395,7 +393,7 @@ def swap_scenario(module: str, hook, sets: int) -> str:
 before=$({count})
 goldens() {{ cat $G | md5sum | cut -d' ' -f1; }}
 fail=""; i=0
-while [ $i -lt {SWAPS} ]; do
+while [ $i -lt {swaps} ]; do
     k=$((i % {sets})); read v h < $L/expect$k
     cat $L/set$k.kmlw > $S/weights || fail="$fail swap$i"
     [ "$(cat $S/weights_version)" = "$v" ] || fail="$fail version$i"
@@ -409,7 +407,7 @@ for f in corrupt short; do
 done
 dmesg | grep -q "$M: weights refused: checksum" || fail="$fail no-checksum-line"
 dmesg | grep -q "$M: weights refused: .* bytes (truncated" || fail="$fail no-truncated-line"
-k=$(( ({SWAPS} - 2) % {sets} )); read v h < $L/expect$k
+k=$(( ({swaps} - 2) % {sets} )); read v h < $L/expect$k
 echo 1 > $S/rollback || fail="$fail rollback"
 [ "$(cat $S/weights_version)" = "$v" ] && [ "$(goldens)" = "$h" ] || fail="$fail rollback-set"
 echo 1 > $S/rollback 2>/dev/null && fail="$fail second-rollback"
@@ -418,7 +416,7 @@ after=$({count})
 mode=$(stat -c %a $S/weights $S/weights_version $S/rollback | tr '\n' ' ')
 [ "$mode" = "200 444 200 " ] || fail="$fail modes:$mode"
 if [ -z "$fail" ]; then
-    kml_result $M-swap PASS "{SWAPS} swaps over {sets} sets, each version's golden outputs \
+    kml_result $M-swap PASS "{swaps} swaps over {sets} sets, each version's golden outputs \
 the twin's; corrupted and truncated blobs refused; rollback; $((after - before)) inferences \
 meanwhile"
 else
@@ -605,11 +603,12 @@ def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
         script: Path | None = None, timeout: int | None = None, log=print,
         log_path: Path | None = None, weights: list[Path] = (),
         modules: dict[Path, Path] | None = None, files: dict[str, Path] | None = None,
-        arch: str = "x86_64") -> dict:
+        arch: str = "x86_64", cycles: int | None = None, swaps: int | None = None) -> dict:
     """Boot ``kernel`` with the models of ``outdirs`` and run their
     scenarios (or ``script``); ``modules``: {outdir: .ko} for models whose
     module was built elsewhere, not from OUTDIR/kernel; ``files``: {path in
-    the guest: host file} for a script to use."""
+    the guest: host file} for a script to use; ``cycles``, ``swaps``: the
+    scenarios' reload cycles and weight swaps (``Kernel.loops`` by default)."""
     modules = {Path(d): Path(k) for d, k in (modules or {}).items()}
     names = [_manifest(d)["module"] for d in outdirs]
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -620,9 +619,10 @@ def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
         raise KmlcError("no such script", where=str(script))
     sets = match_sets(outdirs, weights)
     k = resolve(kernel, kdir, log=log, arch=arch)
+    loops = Loops(cycles or k.loops.cycles, swaps or k.loops.swaps)
     with tempfile.TemporaryDirectory(prefix="kmlc-swap-") as scratch:
         scenarios = [model_scenario(d, k, script, sets.get(Path(d)), Path(scratch),
-                                    modules.get(Path(d))) for d in outdirs]
+                                    modules.get(Path(d)), loops) for d in outdirs]
         scenarios[0].files.update(files or {})
         modules = debian_modules(k.root, scenarios)
         init = init_script(scenarios, [m for m, _ in modules], debug=k.debug)
@@ -639,4 +639,5 @@ def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
     lines += missing
     for ln in lines:
         log(f"kmlc qemu-test: {ln}")
-    return {"ok": ok, "lines": lines, "log": out, "kernel": k.name, "release": k.release}
+    return {"ok": ok, "lines": lines, "log": out, "kernel": k.name, "release": k.release,
+            "loops": loops}

@@ -491,21 +491,6 @@ def test_tree_modules_build_and_checkpatch_clean(kernel_builds):
         kernel.build_module(d / "kernel")
 
 
-@pytest.mark.kunit
-@pytest.mark.parametrize("arch", ["um", "x86_64"])
-def test_tree_modules_equal_their_twins_under_kunit(kernel_builds, arch):
-    """The module's C and the twin's give the same bits on the golden
-    vectors, in UML (gcc) and in an x86_64 kernel (clang, the float ones in
-    a real FPU section), in float (node flags, sparse leaves) and fixed
-    point (mixed integer tests, a class decision on int64 sums, AVERAGE)."""
-    from kmlc.targets import kunit
-
-    res = kunit.run(list(kernel_builds.values()), arch=arch)
-    assert res["ok"], res["summary"]
-    for tag, d in kernel_builds.items():
-        assert res["suites"][f"kml_{tag}"]["passed"] == kunit.cases(d) >= 33, res["summary"]
-
-
 @pytest.fixture(scope="module")
 def acceptance_builds(trained, tmp_path_factory):
     """The acceptance ensembles (every estimator, both feature sets, both
@@ -525,14 +510,21 @@ def acceptance_builds(trained, tmp_path_factory):
 
 @pytest.mark.kunit
 @pytest.mark.parametrize("arch", ["um", "x86_64"])
-def test_acceptance_ensembles_equal_their_twins_under_kunit(acceptance_builds, arch):
-    """Every acceptance ensemble (DecisionTree depth 8, RandomForest 100x6,
-    GradientBoosting and LightGBM 200x4, XGBRegressor; Heimdall-like and
-    KML-like features; float and fixed point): the module's C gives the
-    twin's bits on 64 held-out rows, in UML and in an x86_64 kernel."""
+def test_tree_modules_equal_their_twins_under_kunit(kernel_builds, acceptance_builds, arch):
+    """The module's C and the twin's give the same bits on the golden
+    vectors, in UML (gcc) and in an x86_64 kernel (clang, the float ones in
+    a real FPU section), one kernel boot for both sets:
+    - the hand-written ensembles, in float (node flags, sparse leaves) and
+      fixed point (mixed integer tests, a class decision on int64 sums,
+      AVERAGE);
+    - every acceptance ensemble (DecisionTree depth 8, RandomForest 100x6,
+      GradientBoosting and LightGBM 200x4, XGBRegressor; Heimdall-like and
+      KML-like features; float and fixed point) on 64 held-out rows."""
     from kmlc.targets import kunit
 
-    res = kunit.run(list(acceptance_builds.values()), arch=arch)
+    res = kunit.run(list(kernel_builds.values()) + list(acceptance_builds.values()), arch=arch)
     assert res["ok"], res["summary"]
+    for tag, d in kernel_builds.items():
+        assert res["suites"][f"kml_{tag}"]["passed"] == kunit.cases(d) >= 33, res["summary"]
     for tag, d in acceptance_builds.items():
         assert res["suites"][f"kml_{tag}"]["passed"] == kunit.cases(d) >= 64, res["summary"]

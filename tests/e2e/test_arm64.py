@@ -196,10 +196,11 @@ def test_qemu_test_on_arm64(models, hooked):
     models' self-tests (both numerics), the readahead and NFS hooks'
     scenarios in both numerics and the admission mirror's (data checksummed, ext4 with the
     primary failed, failover), their traces replayed through the twin bit
-    for bit, and 100 swaps of the fixed NFS model's weights under load."""
+    for bit, and swaps of the fixed NFS model's weights under load; the
+    loops as long as --cycles and --swaps say."""
     dirs = [models[f"{n}_{x}"] for n in SEED_MODELS for x in ("fp", "fx")]
     dirs += [hooked[k] for k in ("nfs_fx", "nfs_fp", "adm_fx", "ra_fx", "ra_fp")]
-    res = kmlc_cli("qemu-test", "--arch", "arm64", *dirs,
+    res = kmlc_cli("qemu-test", "--arch", "arm64", "--cycles", "4", "--swaps", "24", *dirs,
                    *[a for w in hooked["sets"] for a in ("--weights", w)])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     lines = dict(ln.removeprefix("kmlc qemu-test: ").split(": ", 1)
@@ -218,7 +219,9 @@ def test_qemu_test_on_arm64(models, hooked):
                        ("kml_ra_fp", ("events", "restore", "replay-reads", "files"))):
         for step in steps:
             assert lines[f"{mod}-{step}"].startswith("PASS"), (mod, step, lines)
-    assert "100 swaps over 3 sets" in lines["kml_nfs_fx-swap"], lines["kml_nfs_fx-swap"]
+    assert lines["kml_nfs_fx-swap"].startswith("PASS 24 swaps over 3 sets"), lines
+    for mod in ("kml_nfs_fx", "kml_adm_fx", "kml_ra_fx", "kml_ra_fp"):
+        assert lines[f"{mod}-reload-cycles"].startswith("PASS 4 cycles"), (mod, lines)
     assert not any(v.startswith("FAIL") for v in lines.values()), lines
 
 

@@ -146,9 +146,14 @@ def check_hooks(res, dirs, swaps=()):
         assert any(k.startswith(f"{mod}-guard-") and v == "PASS" for k, v in status.items()), \
             res["lines"]
     lines = {ln.split(":", 1)[0]: ln for ln in res["lines"]}
+    # the loops ran as long as the kernel's counts say (Kernel.loops)
+    cycles, n = res["loops"]
+    for d in dirs:
+        mod = json.loads((d / "kmlc.json").read_text())["module"]
+        assert re.search(rf"-reload-cycles: PASS {cycles} cycles", lines[f"{mod}-reload-cycles"])
     for d in swaps:
         mod = json.loads((d / "kmlc.json").read_text())["module"]
-        m = re.search(r"100 swaps over 3 sets.* (\d+) inferences meanwhile", lines[f"{mod}-swap"])
+        m = re.search(rf"{n} swaps over 3 sets.* (\d+) inferences meanwhile", lines[f"{mod}-swap"])
         assert m and int(m.group(1)) > 0, lines[f"{mod}-swap"]
     return lines
 

@@ -288,3 +288,25 @@ def test_a_boots_default_timeout_grows_with_its_scenarios():
     assert default_timeout(hooked[:2], dbg) == 1800
     swapped = [Scenario(f"s{i}", Path("/s.ko"), hook=object(), swaps=True) for i in range(4)]
     assert default_timeout(swapped, dbg) == 4 * (450 + 225)
+
+
+def test_scenario_loops_are_the_kernels_unless_asked():
+    """Debian's x86-64 kernels run 25 reload cycles and 100 swaps; the
+    debug kernel and arm64 5 and 20; a count given to the scenario is the
+    count its shell loops run and report."""
+    from pathlib import Path
+
+    from kmlc.hooks import owner
+    from kmlc.targets.kernels import Kernel, Loops
+    from kmlc.targets.qemu import swap_scenario
+
+    fast = Kernel("rt", Path("/k"), "6.1.0-rt-amd64", Path("/r"))
+    dbg = Kernel("debug", Path("/k"), "6.1.0-kmlc-debug", Path("/r"), debug=True)
+    arm = Kernel("6.1", Path("/k"), "6.1.0-arm64", Path("/r"), arch="arm64")
+    assert fast.loops == Loops(25, 100) and dbg.loops == arm.loops == Loops(5, 20)
+    for hook in ("readahead", "nfs-rsize", "admission"):
+        text = owner(hook).scenario("kml_x", "kml_x.ko", 7)
+        assert "for c in $(seq 7); do" in text and '"7 cycles' in text, hook
+    text = swap_scenario("kml_x", None, 3, 13)
+    assert "while [ $i -lt 13 ]" in text and "k=$(( (13 - 2) % 3 ))" in text
+    assert '"13 swaps over 3 sets' in text
