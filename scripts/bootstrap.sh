@@ -99,12 +99,15 @@ fi
 EXTRAS=""
 [ "$MODE" = test ] && EXTRAS="[test,torch,tvm,sklearn,trees]"
 stamp=".venv/.kmlc-installed$(echo "$EXTRAS" | tr -dc 'a-z')"
+# uv installs from its own wheel cache (~/.cache/uv, hard links into .venv):
+# pip keeps no cache of this index's wheels, and fetched PyTorch's 4 GB again
+# on every fresh clone (142 s of a CI run)
 pip_install() {
-	.venv/bin/python -m pip install --progress-bar off --upgrade pip &&
-		.venv/bin/python -m pip install --progress-bar off -e ".$EXTRAS"
+	.venv/bin/python -m pip install --progress-bar off "uv>=0.5" &&
+		.venv/bin/python -m uv pip install --python .venv/bin/python -e ".$EXTRAS"
 }
 if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-	step "installing kmlc into .venv (pip install -e .$EXTRAS)" pip_install
+	step "installing kmlc into .venv (uv pip install -e .$EXTRAS)" pip_install
 	touch "$stamp"
 else
 	say ".venv: kmlc$EXTRAS installed, setup.py unchanged"

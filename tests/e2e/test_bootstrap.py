@@ -52,7 +52,7 @@ def test_setup_prints_a_line_per_step_and_logs_the_rest(tree):
     lines = r.stdout.splitlines()
     assert lines[0].startswith("==> Debian packages: all ") and lines[0].endswith(" installed")
     assert lines[1].startswith("==> installing kmlc into .venv "
-                               "(pip install -e .[test,torch,tvm,sklearn,trees]) ... done, ")
+                               "(uv pip install -e .[test,torch,tvm,sklearn,trees]) ... done, ")
     assert lines[1].endswith("s")
     assert lines[2:] == ["==> running the test suite (2 workers)",
                          "the test suite would run here"]

@@ -193,28 +193,44 @@ def test_the_deb_installs_builds_for_every_kernel_boots_and_removes_cleanly(tmp_
 
 
 @pytest.mark.kernel
-def test_a_kernel_the_build_fails_for_is_named_and_the_others_get_the_module(tmp_path):
+def test_a_kernel_the_build_fails_for_is_named_and_upgrades_and_others_are_left_alone(tmp_path):
     """dpkg -i of the DKMS package while one installed kernel's build fails
     (6.12's, made to fail in the Kbuild, as a kernel whose API moved
     would): the package still installs, names that kernel and its build
     log, installs the module for every other kernel, and `dpkg -r` removes
-    it from all of them."""
+    it from all of them.  Beside another kmlc package, which neither its
+    upgrade nor its removal touches; upgraded in place (`dpkg -i` of a
+    retrained model's 1.1, here compiled in fixed point): DKMS then holds
+    1.1 alone and the kernels run its module."""
     if not shutil.which("dkms") or os.geteuid() != 0:
         pytest.fail("this test installs packages: it needs root and dkms (the README's setup "
                     "installs dkms)")
-    out = tmp_path / "o"
-    kcompile(mlp_model([4, 8, 2]), out, name="pkfail", targets="kernel")
-    kbuild = out / "kernel" / "Kbuild"
-    kbuild.write_text("ifneq ($(filter 6.12.%,$(KERNELRELEASE)),)\n"
-                      "$(error kml_pkfail: this build fails on 6.12, on purpose)\nendif\n"
-                      + kbuild.read_text())
-    res = kmlc_cli("package", out, "--deb", "-o", tmp_path / "dist", "--version", "1.0")
-    assert res.returncode == 0, res.stderr
+
+    def package(name, version, **options):
+        out = tmp_path / f"{name}-{version}"
+        kcompile(mlp_model([4, 8, 2]), out, name=name, targets="kernel", **options)
+        kbuild = out / "kernel" / "Kbuild"
+        kbuild.write_text("ifneq ($(filter 6.12.%,$(KERNELRELEASE)),)\n"
+                          f"$(error kml_{name}: this build fails on 6.12, on purpose)\nendif\n"
+                          + kbuild.read_text() if name == "pkfail" else kbuild.read_text())
+        res = kmlc_cli("package", out, "--deb", "-o", tmp_path / "dist", "--version", version)
+        assert res.returncode == 0, res.stderr
+        return tmp_path / "dist" / f"kml-{name}-dkms_{version}_all.deb"
+
+    def description(kernel, module):
+        ko = tmp_path / f"{module}.ko"
+        ko.write_bytes(_installed_module(kernel, module))
+        return subprocess.run(["modinfo", "-F", "description", ko], capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    rows = np.random.default_rng(3).normal(size=(256, 4)).astype(np.float32)
+    debs = [package("pkfail", "1.0"), package("pkother", "1.0"),
+            package("pkfail", "1.1", numerics="fixed", calibration=rows)]
     kernels = [release_of(k) for k in installed_headers()]
     failing = [k for k in kernels if k.startswith("6.12.")]
     assert failing and len(failing) < len(kernels), kernels
     try:
-        r = _dpkg("-i", tmp_path / "dist" / "kml-pkfail-dkms_1.0_all.deb")     # exit 0
+        r = _dpkg("-i", debs[0])     # exit 0
         assert "install ok installed" in _dpkg("-s", "kml-pkfail-dkms").stdout
         for k in kernels:
             if k in failing:
@@ -223,10 +239,35 @@ def test_a_kernel_the_build_fails_for_is_named_and_the_others_get_the_module(tmp
                 assert _installed_module(k, "kml_pkfail") is None, k
             else:
                 assert f"kml-pkfail: built and installed for {k}" in r.stdout, r.stdout
-                assert _installed_module(k, "kml_pkfail") is not None, k
+                assert description(k, "kml_pkfail") == "kmlc model pkfail (float)", k
+        _dpkg("-i", debs[1])
+        assert all(_installed_module(k, "kml_pkother") is not None for k in kernels)
+        # the upgrade: the old version's prerm takes 1.0 out of DKMS, the
+        # new postinst builds 1.1 (fixed point) for the same kernels
+        r = _dpkg("-i", debs[2])
+        assert "\nVersion: 1.1\n" in _dpkg("-s", "kml-pkfail-dkms").stdout
+        st = subprocess.run(["dkms", "status", "-m", "kml-pkfail"], capture_output=True,
+                            text=True).stdout
+        assert "kml-pkfail/1.1," in st and "kml-pkfail/1.0" not in st, st
+        assert not Path("/usr/src/kml-pkfail-1.0").exists()
+        assert not Path("/var/lib/dkms/kml-pkfail/1.0").exists()
+        for k in kernels:
+            if k in failing:
+                assert f"kml-pkfail: the build for {k} failed (exit" in r.stderr, r.stderr
+                assert _installed_module(k, "kml_pkfail") is None, k
+            else:
+                assert description(k, "kml_pkfail") == "kmlc model pkfail (fixed)", k
+            assert description(k, "kml_pkother") == "kmlc model pkother (float)", k
+        _dpkg("-r", "kml-pkfail-dkms")
+        # the other package's module is still installed, and known to depmod
+        for k in kernels:
+            assert _installed_module(k, "kml_pkother") is not None, k
+            assert "kml_pkother" in (Path("/lib/modules") / k / "modules.dep").read_text(), k
     finally:
-        _dpkg("-r", "kml-pkfail-dkms", check=False)
+        _dpkg("-r", "kml-pkfail-dkms", "kml-pkother-dkms", check=False)
+    assert not Path("/var/lib/dkms/kml-pkother").exists()
+    assert not list(Path("/lib/modules").glob("*/updates/dkms/kml_pkother.ko*"))
     assert "install ok installed" not in _dpkg("-s", "kml-pkfail-dkms", check=False).stdout
-    assert not Path("/usr/src/kml-pkfail-1.0").exists()
+    assert not list(Path("/usr/src").glob("kml-pk*"))
     assert not Path("/var/lib/dkms/kml-pkfail").exists()
     assert not list(Path("/lib/modules").glob("*/updates/dkms/kml_pkfail.ko*"))
