@@ -58,7 +58,7 @@ class Kernel:
     arch: str = "x86_64"    # x86_64 or arm64 (qemu-system-aarch64, TCG)
 
     @property
-    def loops(self) -> "Loops":
+    def loops(self) -> Loops:
         """How long the scenarios' loops run on this kernel (``kmlc
         qemu-test --cycles/--swaps`` override it for a soak).  Debian's x86-64
         kernels: 25 reload cycles, 100 weight swaps.  Under sanitizers, 5 and
