@@ -286,14 +286,13 @@ def module_for(outdir: Path, kernel: Kernel, ko: Path | None = None) -> Path:
 
 def model_scenario(outdir: Path, kernel: Kernel, script: Path | None = None,
                    sets: list[bytes] | None = None, scratch: Path | None = None,
-                   ko: Path | None = None, loops: Loops | None = None) -> Scenario:
+                   ko: Path | None = None, *, loops: Loops) -> Scenario:
     """Load the model's module (its self-test runs), run its hook's
     scenario or the user's script, swap in the weight sets ``sets`` (if
     any), unload it.  ``ko``: a module built elsewhere (``module_for``);
-    ``loops``: the scenario's iteration counts (the kernel's by default)."""
+    ``loops``: the scenario's iteration counts."""
     from ..hooks import owner
 
-    loops = loops or kernel.loops
     meta = _manifest(outdir)
     mod = meta["module"]
     ko = module_for(outdir, kernel, ko)
@@ -622,7 +621,7 @@ def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
     loops = Loops(cycles or k.loops.cycles, swaps or k.loops.swaps)
     with tempfile.TemporaryDirectory(prefix="kmlc-swap-") as scratch:
         scenarios = [model_scenario(d, k, script, sets.get(Path(d)), Path(scratch),
-                                    modules.get(Path(d)), loops) for d in outdirs]
+                                    modules.get(Path(d)), loops=loops) for d in outdirs]
         scenarios[0].files.update(files or {})
         modules = debian_modules(k.root, scenarios)
         init = init_script(scenarios, [m for m, _ in modules], debug=k.debug)
