@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, readahead_policy, seed_models
+from conftest import EXAMPLES, ROOT, kmlc_cli, readahead_policy, seed_models
 from kmlc.api import compile as kcompile
 from kmlc.errors import KmlcError
 from kmlc.hooks import HOOKS, owner
@@ -310,3 +310,14 @@ def test_scenario_loops_are_the_kernels_unless_asked():
     text = swap_scenario("kml_x", None, 3, 13)
     assert "while [ $i -lt 13 ]" in text and "k=$(( (13 - 2) % 3 ))" in text
     assert '"13 swaps over 3 sets' in text
+
+
+def test_loop_counts_out_of_range_are_refused_before_any_boot(tmp_path):
+    """--swaps below 2 (the rollback step reads the set before the last)
+    and --cycles below 1 are refused by name, with no traceback."""
+    for opt, bad, lo in (("--swaps", "1", 2), ("--cycles", "0", 1), ("--swaps", "x", None)):
+        r = kmlc_cli("qemu-test", tmp_path, opt, bad)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        assert f"Invalid value for '{opt}'" in r.stderr, r.stderr
+        if lo is not None:
+            assert f"{lo}<=x<=100000" in r.stderr, r.stderr
