@@ -7,6 +7,7 @@ activation calls, loop nests) for the Jinja2 templates in ``templates/``.
 """
 from __future__ import annotations
 
+import functools
 import textwrap
 from pathlib import Path
 
@@ -416,7 +417,13 @@ def wrap_list(items: list[str], indent: int) -> str:
     return "\n".join(pad + ln for ln in textwrap.wrap(text, LINE - 8 * indent))
 
 
+@functools.cache
 def environment() -> jinja2.Environment:
+    """The templates' environment, made once per process: Jinja compiles
+    each template once and keeps it (compiling them took most of a small
+    model's compile).  Nothing in it changes per model; what a template
+    needs of the model comes from the render context (``params`` reads
+    ``weights_t`` there), so that renders cannot see each other's state."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined)
@@ -428,8 +435,13 @@ def environment() -> jinja2.Environment:
                        reduce_view=reduce_view, gather_view=gather_view, ewise_expr=ewise_expr, q_requant=q_requant, loop_vars=loop_vars, loops_zero=loops_zero,
                        initializer=initializer, bits_hex=bits_hex, version=__version__,
                        const_layout=const_layout, macro=macro, q_output=q_output,
-                       zip=zip, enumerate=enumerate, dict=dict)
+                       zip=zip, enumerate=enumerate, dict=dict, params=_params)
     return env
+
+
+@jinja2.pass_context
+def _params(tctx, k: Kernel) -> str:
+    return params(k, tctx["weights_t"])
 
 
 # --------------------------------------------------------------------------
@@ -591,7 +603,6 @@ def render(prog: Program, targets: list[str], *, source: str, sha256: str,
     """All generated text files, keyed by path relative to OUTDIR."""
     env = environment()
     ctx = context(prog, source, sha256, user_cflags)
-    env.globals["params"] = lambda k: params(k, ctx["weights_t"])  # noqa: E731
     n = ctx["name"]
     model = model_sources(env, ctx)
     files: dict[str, str] = {}
