@@ -8,6 +8,7 @@ activation calls, loop nests) for the Jinja2 templates in ``templates/``.
 from __future__ import annotations
 
 import functools
+import hashlib
 import textwrap
 from pathlib import Path
 
@@ -424,9 +425,10 @@ def environment() -> jinja2.Environment:
     model's compile).  Nothing in it changes per model; what a template
     needs of the model comes from the render context (``params`` reads
     ``weights_t`` there), so that renders cannot see each other's state."""
+    options = dict(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                   undefined=jinja2.StrictUndefined)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined)
+                             bytecode_cache=_TemplateCache(options), **options)
     env.filters.update(nest=nest, cfloat=cfloat, wrap_list=wrap_list, cwrap=cwrap,
                        macro_init=macro_init, positional=positional, ctext=c_text,
                        ccomment=ccomment, cref=cref, declbreak=declbreak)
@@ -437,6 +439,37 @@ def environment() -> jinja2.Environment:
                        const_layout=const_layout, macro=macro, q_output=q_output,
                        zip=zip, enumerate=enumerate, dict=dict, params=_params)
     return env
+
+
+class _TemplateCache(jinja2.FileSystemBytecodeCache):
+    """Compiled templates kept across processes (each ``kmlc`` command
+    would compile them again, most of a small model's compile), in
+    ``~/.cache/kmlc/templates``: one directory per Jinja version and
+    environment options, an entry per template source (Jinja checks its
+    checksum).  A cache that cannot be written is only slower."""
+
+    def __init__(self, options: dict):
+        from ..targets.kunit import cache_dir
+
+        tag = hashlib.sha256(repr(sorted(options.items())).encode()).hexdigest()[:12]
+        where = cache_dir() / "templates" / f"jinja-{jinja2.__version__}-{tag}"
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass
+        super().__init__(str(where), "%s.cache")
+
+    def load_bytecode(self, bucket) -> None:
+        try:
+            super().load_bytecode(bucket)
+        except (OSError, EOFError, ValueError):
+            bucket.reset()
+
+    def dump_bytecode(self, bucket) -> None:
+        try:
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
 
 
 @jinja2.pass_context

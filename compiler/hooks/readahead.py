@@ -257,15 +257,19 @@ fi
 rmmod $M; insmod /lib/kmlc/{ko}
 
 # unload and reload {cycles} times while two readers keep missing (and
-# end without an error)
+# end without an error); they stop when the cycles do
+rm -f /tmp/stop
+export KML_UNTIL=/tmp/stop
 ( kml_reader rand /dev/kmlr9 65536 200000 3 > /dev/null || echo rand >> /tmp/bgbad ) &
 ( kml_reader seq /dev/kmlr10 65536 400000 > /dev/null || echo seq >> /tmp/bgbad ) &
+unset KML_UNTIL
 before=$(kml_held)
 bad=0
 for c in $(seq {cycles}); do
     rmmod $M || bad=$((bad + 1))
     insmod /lib/kmlc/{ko} window_events=16 || bad=$((bad + 1))
 done
+touch /tmp/stop
 wait
 after=$(kml_held)
 [ -f /tmp/bgbad ] && bad=$((bad + $(wc -l < /tmp/bgbad)))

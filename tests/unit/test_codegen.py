@@ -59,3 +59,33 @@ def test_forty_character_name_stays_within_100_columns(tmp_path):
             if 'pr_info("' in ln or 'TP_printk("' in ln:
                 continue  # user-visible strings are never split (kernel style)
             assert len(ln.expandtabs(8)) <= 100, f"{p.name}:{i + 1}: {ln}"
+
+
+def test_compiled_templates_are_kept_and_a_bad_cache_changes_nothing(tmp_path):
+    """Each kmlc command keeps the templates Jinja compiled in the cache
+    (KMLC_CACHE/templates); a later command with the cache filled, with
+    every entry garbled, or with a cache that cannot be written, renders
+    the same files byte for byte."""
+    import os
+    import shutil
+    import sys
+
+    def run(cache, out):
+        env = dict(os.environ, KMLC_CACHE=str(cache))
+        res = subprocess.run([sys.executable, "-m", "kmlc.cli", "compile",
+                              str(EXAMPLES / "readahead.onnx"), "-o", str(out), "--target",
+                              "kernel"], env=env, capture_output=True, text=True)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+        return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*"))
+                if p.is_file()}
+
+    first = run(tmp_path / "c", tmp_path / "o1")
+    kept = list((tmp_path / "c" / "templates").glob("*/*.cache"))
+    assert len(kept) >= 5, kept
+    assert run(tmp_path / "c", tmp_path / "o2") == first
+    for f in kept:
+        f.write_bytes(b"j2 not a template" * 3)
+    assert run(tmp_path / "c", tmp_path / "o3") == first
+    shutil.rmtree(tmp_path / "c")
+    (tmp_path / "c").write_text("a file where the cache directory would be")
+    assert run(tmp_path / "c", tmp_path / "o4") == first

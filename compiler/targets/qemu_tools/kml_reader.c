@@ -8,7 +8,9 @@
  *	below PAGES (rand, mrand), with pread() or, for mseq and mrand,
  *	through a shared mapping of the first PAGES pages (page faults, mmap
  *	read-around).  KML_FADVISE=random|sequential|normal in the
- *	environment: posix_fadvise() the file first.
+ *	environment: posix_fadvise() the file first.  KML_UNTIL=PATH: stop
+ *	early, as if COUNT were reached, once PATH exists (looked for every
+ *	256 pages): a load that lasts as long as the scenario needs it.
  *   kml_reader multi FILE NFILES PAGES COUNT HOLD
  *	opens FILE NFILES times; descriptor i reads pages i * PAGES .. (i + 1)
  *	* PAGES - 1, sequentially for even i and at random for odd i, COUNT
@@ -182,6 +184,8 @@ int main(int argc, char **argv)
 {
 	unsigned long long pages, count, seed = 1, i, page, sum = 0;
 	const unsigned char *map = NULL;
+	const char *until;
+	struct stat st;
 	int fd, j, rnd, mapped;
 
 	if (argc == 7 && !strcmp(argv[1], "multi"))
@@ -192,6 +196,7 @@ int main(int argc, char **argv)
 		return race(argv);
 	if (argc < 5)
 		return 2;
+	until = getenv("KML_UNTIL");
 	mapped = argv[1][0] == 'm';
 	rnd = !strcmp(argv[1] + mapped, "rand");
 	pages = strtoull(argv[3], NULL, 0);
@@ -209,6 +214,8 @@ int main(int argc, char **argv)
 		}
 	}
 	for (i = 0; i < count; i++) {
+		if (until && !(i % 256) && !stat(until, &st))
+			break;
 		page = rnd ? next(&seed) % pages : i % pages;
 		if (!map) {
 			sum += read_page(fd, page);
