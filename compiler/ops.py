@@ -604,12 +604,16 @@ def _trees_eval(xs, attrs):
     assert (idx >= n).all(), "a tree deeper than its depth"
     lv = idx - n
     k = attrs["targets"]
-    acc = np.zeros((x.shape[0], k), leaf.dtype)
-    for t in range(root.shape[0]):            # in tree order, as the C
-        if attrs["sparse"]:
-            acc[rows[:, 0], target[lv[:, t]].astype(np.int64)] += leaf[lv[:, t]]
-        else:
-            acc += leaf[lv[:, t]]
+    # each row's leaves [row, tree, target] (a sparse leaf adds to its one
+    # target, nothing to the others), summed in tree order from zero, as
+    # the C: accumulate adds in sequence, in the leaves' type
+    terms = np.zeros((x.shape[0], root.shape[0] + 1, k), leaf.dtype)
+    if attrs["sparse"]:
+        trees = np.arange(root.shape[0])[None, :]
+        terms[rows, trees + 1, target[lv].astype(np.int64)] = leaf[lv]
+    else:
+        terms[:, 1:] = leaf[lv]
+    acc = np.add.accumulate(terms, axis=1, dtype=leaf.dtype)[:, -1]
     if attrs["aggregate"] == "average":
         acc = (acc / np.float32(root.shape[0])).astype(leaf.dtype)
     if base is not None:
