@@ -243,10 +243,10 @@ def matmul_seq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a[..., M, K] @ b[..., K, N] with each output summed k = 0..K-1."""
     a = np.asarray(a, dtype=np.float32)
     b = np.asarray(b, dtype=np.float32)
-    acc = a[..., :, 0:1] * b[..., 0:1, :]
-    for k in range(1, a.shape[-1]):
-        acc = acc + a[..., :, k:k + 1] * b[..., k:k + 1, :]
-    return acc.astype(np.float32)
+    # every product rounded to float32, then added in k order (accumulate
+    # is r[k] = r[k-1] + p[k], in float32): the C loop's roundings exactly
+    products = a[..., :, :, None] * b[..., None, :, :]
+    return np.add.accumulate(products, axis=-2, dtype=np.float32)[..., -1, :]
 
 
 @np.errstate(all="ignore")

@@ -716,8 +716,7 @@ def _activate(v: np.ndarray, attrs: dict, mult, shift, mult_neg=None, shift_neg=
 def _qdense_eval(xs, attrs):
     x, w = xs[0].reshape(-1).astype(np.int64), xs[1].astype(np.int64)
     acc = xs[2].astype(np.int64) if len(xs) == 3 else np.zeros(w.shape[0], np.int64)
-    for k in range(w.shape[1]):
-        acc = acc + x[k] * w[:, k]
+    acc = acc + w @ x       # exact int64 (wrapping, as any order would)
     neg = (np.array(attrs["mult_neg"]), np.array(attrs["shift_neg"])) \
         if "mult_neg" in attrs else (None, None)
     y = _activate(acc, attrs, np.array(attrs["mult"]), np.array(attrs["shift"]), *neg)
