@@ -460,9 +460,11 @@ class _TemplateCache(jinja2.FileSystemBytecodeCache):
         super().__init__(str(where), "%s.cache")
 
     def load_bytecode(self, bucket) -> None:
+        # a bad entry's magic, checksum or code Jinja itself resets; a
+        # read that fails is a miss
         try:
             super().load_bytecode(bucket)
-        except (OSError, EOFError, ValueError):
+        except OSError:
             bucket.reset()
 
     def dump_bytecode(self, bucket) -> None:
