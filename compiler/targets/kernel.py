@@ -4,7 +4,11 @@
 running kernel's ``/lib/modules/$(uname -r)/build``, else the newest
 ``/usr/src/linux-headers-*`` tree Debian's ``linux-headers-amd64`` installed.
 ``build_module`` runs ``make M=... W=1 modules`` there and treats any
-compiler warning as a failure: generated code must build cleanly.
+compiler warning as a failure: generated code must build cleanly.  It
+runs in a directory kept under ``~/.cache/kmlc/modules`` and named by the
+sources, the kernel and the command (``buildcache``), so that the same
+module built for the same kernel again costs only Kbuild's check that
+nothing is out of date.
 
 ``--arch arm64`` cross-builds with ``aarch64-linux-gnu-gcc`` against
 Debian's own arm64 headers for the same kernel (``arm64_kdir``): the
@@ -24,6 +28,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import KmlcError
+from . import buildcache
 
 HEADERS_GLOB = "linux-headers-*"
 
@@ -177,12 +182,18 @@ def build_module(moddir: Path, *, kdir=None, llvm: bool = False, arch: str = "x8
         raise KmlcError("no Kbuild here; compile with --target kernel (or all)",
                         where=str(moddir))
     k = target_kdir(kdir, llvm=llvm, arch=arch)
-    res = subprocess.run(make_command(k, moddir, llvm=llvm, arch=arch) + ["modules"],
-                         capture_output=True, text=True)
-    log = res.stdout + res.stderr
+
+    def command(d: Path) -> list[str]:
+        return make_command(k, d, llvm=llvm, arch=arch) + ["modules"]
+
+    if buildcache.enabled():
+        rc, log = buildcache.build(moddir, k, command, _module_name(moddir))
+    else:
+        res = subprocess.run(command(moddir), capture_output=True, text=True)
+        rc, log = res.returncode, res.stdout + res.stderr
     (moddir / "build.log").write_text(log)
     warnings = [ln for ln in log.splitlines() if "warning:" in ln]
-    if res.returncode != 0:
+    if rc != 0:
         lines = log.splitlines()
         # a Kbuild $(error ...) ("*** ... Stop.") says why; else the first error
         errors = ([ln for ln in lines if "*** " in ln and ln.endswith("Stop.")]
@@ -198,6 +209,12 @@ def build_module(moddir: Path, *, kdir=None, llvm: bool = False, arch: str = "x8
     if not kos:
         raise KmlcError("module build produced no .ko", where=str(moddir))
     return kos[0]
+
+
+def _module_name(moddir: Path) -> str:
+    """The module Kbuild makes (its obj-m line), else the directory's name."""
+    m = re.search(r"^obj-m\s*\+?=\s*(\S+)\.o", (moddir / "Kbuild").read_text(), re.M)
+    return m.group(1) if m else moddir.name
 
 
 SIG_MAGIC = b"~Module signature appended~\n"

@@ -1,0 +1,186 @@
+"""Module builds kept between runs: Kbuild's own incremental build, in a
+directory named by what is built.
+
+``kmlc build`` (and every command that builds a module) runs Kbuild in
+``~/.cache/kmlc/modules/<module>-<key>/`` rather than in OUTDIR/kernel,
+then copies what Kbuild made (the .ko, the objects, the .cmd files) and
+its log back into OUTDIR/kernel, with the build directory's path in the
+log and the .cmd files rewritten to OUTDIR/kernel's.  The key is a hash
+of every source file's name and bytes, the make command, the kernel
+build directory (its path, and the size and time of its .config,
+Module.symvers and Makefile) and the compilers on PATH (their size and
+time).  The same sources built for the same kernel again therefore find
+their objects from before, and Kbuild decides, as it does in a kernel
+tree, whether anything is out of date: its .cmd files hold every
+object's command line and the headers it read.
+
+What this guarantees:
+- a build that is reused is one Kbuild found up to date; when Kbuild
+  rebuilds anything in a kept directory (a header or compiler changed
+  underneath), the directory is emptied and the module built from
+  scratch, so that the log is always that of one whole build;
+- a build that fails or warns is never kept: its directory is removed, so
+  the next attempt compiles again and shows the same diagnostics;
+- concurrent builds of the same key wait for each other (a lock per
+  directory); different keys do not;
+- at most ``KEEP`` directories are kept, the least recently used removed
+  first.
+
+``KMLC_MODULE_CACHE=0`` builds in OUTDIR/kernel as Kbuild is usually run.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+KEEP = 400            # build directories (about 5 MB each with debug info)
+_FORMAT = b"kmlc-module-build-1"
+_OUTPUT_SUFFIXES = (".o", ".ko", ".mod", ".mod.c", ".symvers", ".order", ".log", ".signing",
+                    ".dwo", ".a")
+_LOG = ".kmlc-build.log"
+_COMPILERS = ("gcc", "cc", "clang", "ld", "ld.lld", "aarch64-linux-gnu-gcc",
+              "aarch64-linux-gnu-ld")
+
+
+def enabled() -> bool:
+    return os.environ.get("KMLC_MODULE_CACHE", "1") not in ("0", "off", "no")
+
+
+def sources(moddir: Path) -> list[Path]:
+    """The files of a module directory that are not Kbuild's outputs."""
+    return sorted(p for p in moddir.iterdir() if p.is_file() and not p.name.startswith(".")
+                  and not p.name.endswith(_OUTPUT_SUFFIXES))
+
+
+def _stat_id(p: Path) -> bytes:
+    try:
+        st = p.stat()
+    except OSError:
+        return b"-"
+    return f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()
+
+
+def key(moddir: Path, kdir: Path, make_args: list[str]) -> str:
+    h = hashlib.sha256(_FORMAT)
+    for part in make_args:
+        h.update(part.encode() + b"\0")
+    h.update(str(Path(kdir).resolve()).encode() + b"\0")
+    for name in (".config", "Module.symvers", "Makefile"):
+        h.update(_stat_id(Path(kdir) / name) + b"\0")
+    for tool in _COMPILERS:
+        found = shutil.which(tool)
+        h.update(_stat_id(Path(found)) if found else b"-")
+    for p in sources(moddir):
+        data = p.read_bytes()
+        h.update(f"{p.name}\0{len(data)}\0".encode() + data)
+    return h.hexdigest()[:24]
+
+
+def root() -> Path:
+    from .kunit import cache_dir
+
+    return cache_dir() / "modules"
+
+
+@contextmanager
+def _lock(path: Path, blocking: bool = True):
+    """An exclusive lock on ``path`` (yields False if not ``blocking`` and
+    it is held); one that ``prune`` unlinked meanwhile is taken afresh."""
+    while True:
+        with open(path, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                yield True
+                return
+
+
+def _quiet(log: str) -> bool:
+    """Kbuild's output when nothing was out of date: make's own lines only."""
+    return all(ln.startswith("make") or not ln.strip() for ln in log.splitlines())
+
+
+def build(moddir: Path, kdir: Path, make_cmd, name: str):
+    """Run ``make_cmd(builddir)`` (the make command for a module directory)
+    in the kept directory for ``moddir``'s sources; returns (returncode,
+    log) with paths as if Kbuild had run in ``moddir``, whose outputs are
+    then those of the build."""
+    moddir = moddir.resolve()
+    base = root()
+    base.mkdir(parents=True, exist_ok=True)
+    stage = base / f"{name}-{key(moddir, kdir, make_cmd(base / '_'))}"
+    with _lock(base / f"{stage.name}.lock"):
+        reused = False
+        if (stage / _LOG).is_file():
+            res = _make(make_cmd(stage))
+            reused = res.returncode == 0 and _quiet(res.stdout + res.stderr)
+        if reused:
+            rc, log = 0, (stage / _LOG).read_text()
+        else:                           # new, or stale: built from scratch
+            shutil.rmtree(stage, ignore_errors=True)
+            stage.mkdir()
+            for p in sources(moddir):
+                shutil.copy2(p, stage / p.name)
+            res = _make(make_cmd(stage))
+            rc, log = res.returncode, res.stdout + res.stderr
+            if rc == 0 and "warning:" not in log:
+                (stage / _LOG).write_text(log)
+        kept = (stage / _LOG).is_file()
+        if kept:
+            _copy_outputs(stage, moddir)
+            os.utime(stage)
+        else:
+            shutil.rmtree(stage, ignore_errors=True)
+    if not kept or sum(1 for d in base.iterdir() if d.is_dir()) > KEEP:
+        prune(base)
+    return rc, log.replace(str(stage), str(moddir))
+
+
+def _make(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _copy_outputs(stage: Path, moddir: Path) -> None:
+    keep = {p.name for p in sources(stage)} | {_LOG}
+    old, new = str(stage).encode(), str(moddir).encode()
+    for p in stage.iterdir():
+        if p.name in keep or not p.is_file():
+            continue
+        if p.name.endswith(".cmd"):
+            (moddir / p.name).write_bytes(p.read_bytes().replace(old, new))
+        else:
+            shutil.copy2(p, moddir / p.name)
+
+
+def prune(base: Path | None = None) -> None:
+    """Remove the least recently used build directories beyond ``KEEP``,
+    and any left without a finished build (one in use is skipped); and the
+    lock files of directories gone for a day."""
+    base = base or root()
+    dirs = sorted((d for d in base.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime,
+                  reverse=True)
+    for i, d in enumerate(dirs):
+        if i < KEEP and (d / _LOG).is_file():
+            continue
+        with _lock(base / f"{d.name}.lock", blocking=False) as mine:
+            if mine and (i >= KEEP or not (d / _LOG).is_file()):
+                shutil.rmtree(d, ignore_errors=True)
+    day = time.time() - 86400
+    for lock in base.glob("*.lock"):
+        if not lock.with_suffix("").exists() and lock.stat().st_mtime < day:
+            with _lock(lock, blocking=False) as mine:
+                if mine:
+                    lock.unlink(missing_ok=True)
