@@ -140,7 +140,8 @@ class Admission(Hook):
         return "dmsetup remove kmlscript\n"
 
     def scenario(self, module: str, ko: str, cycles: int) -> str:
-        return HELPERS + SCENARIO.format(module=module, ko=ko, cycles=cycles)
+        return HELPERS + SCENARIO.format(module=module, ko=ko, cycles=cycles, fs_mib=FS_MIB,
+                                         fs_sectors=FS_MIB * 2048)
 
     load = ("dd if=$KML_TARGET of=/dev/null bs=64k count=64 2>/dev/null; "
             "echo 1 > /proc/sys/vm/drop_caches")
@@ -155,11 +156,17 @@ class Admission(Hook):
                 "leg 1"] if len(legs) else []
 
 
+# The ext4 step's filesystem and legs: 32 MiB holds its 110 files (about 10
+# MiB) three times over, and each MiB is copied in and checksummed twice
+# in the guest, which is most of the step's time under TCG
+FS_MIB = 32
+
+
 def ext4_image() -> Path:
-    """A 64 MiB ext4 filesystem, gzipped, made once with the host's mkfs.ext4."""
+    """A FS_MIB ext4 filesystem, gzipped, made once with the host's mkfs.ext4."""
     from ..targets.kunit import cache_dir, locked
 
-    out = cache_dir() / "qemu" / "tools" / "ext4.img.gz"
+    out = cache_dir() / "qemu" / "tools" / f"ext4-{FS_MIB}M.img.gz"
     with locked("qemu-tools"):
         if not out.is_file():
             mkfs = shutil.which("mkfs.ext4") or shutil.which("mkfs.ext4", path="/sbin:/usr/sbin")
@@ -170,7 +177,7 @@ def ext4_image() -> Path:
             img = out.with_suffix("")
             img.unlink(missing_ok=True)
             res = subprocess.run([mkfs, "-q", "-F", "-b", "4096", "-E",
-                                  "lazy_itable_init=0,lazy_journal_init=0", str(img), "64M"],
+                                  "lazy_itable_init=0,lazy_journal_init=0", str(img), f"{FS_MIB}M"],
                                  capture_output=True, text=True)
             if res.returncode:
                 raise KmlcError(f"mkfs.ext4 failed: {res.stderr.strip()[-300:]}")
@@ -296,13 +303,13 @@ dmsetup remove kmladm || kml_result $M-mirror FAIL remove
 # identical after sync; then the primary fails mid-run (its table becomes
 # dm's error target) while files are written and read: no error reaches
 # the filesystem and no file is lost
-kml_nullb kmlb0 64 100000; kml_nullb kmlb1 64 100000
+kml_nullb kmlb0 {fs_mib} 100000; kml_nullb kmlb1 {fs_mib} 100000
 for d in kmlb0 kmlb1; do
     gunzip -c /lib/kmlc/ext4.img.gz | dd of=/dev/$d bs=1M conv=fsync 2>/dev/null
 done
 echo 3 > /proc/sys/vm/drop_caches
-dmsetup create kmlleg0 --table "0 131072 linear /dev/kmlb0 0"
-dmsetup create kmlfs --table "0 131072 $M /dev/mapper/kmlleg0 /dev/kmlb1"
+dmsetup create kmlleg0 --table "0 {fs_sectors} linear /dev/kmlb0 0"
+dmsetup create kmlfs --table "0 {fs_sectors} $M /dev/mapper/kmlleg0 /dev/kmlb1"
 mkdir -p /mnt/kmlfs
 flushes() {{ awk '{{print $16}}' /sys/block/$1/stat; }}
 fl0=$(flushes kmlb0); fl1=$(flushes kmlb1)
@@ -332,7 +339,7 @@ mount -t ext4 /dev/mapper/kmlfs /mnt/kmlfs || fsbad=$((fsbad + 1))
 ( writes 41 120; echo $fsbad > /tmp/fsbad ) &
 ( for r in 1 2 3 4 5 6; do check_files; done ) &
 sleep 2
-dmsetup suspend kmlleg0 && dmsetup reload kmlleg0 --table "0 131072 error" &&
+dmsetup suspend kmlleg0 && dmsetup reload kmlleg0 --table "0 {fs_sectors} error" &&
     dmsetup resume kmlleg0
 wait
 fsbad=$(cat /tmp/fsbad)
@@ -362,10 +369,10 @@ dmsetup remove kmlfs; dmsetup remove kmlleg0
 # error first; every byte still reads right, from leg 1
 dd if=/tmp/data of=/dev/kmlb0 bs=1M conv=fsync 2>/dev/null
 dd if=/tmp/data of=/dev/kmlb1 bs=1M conv=fsync 2>/dev/null
-dmsetup create kmlleg0 --table "0 131072 linear /dev/kmlb0 0"
+dmsetup create kmlleg0 --table "0 {fs_sectors} linear /dev/kmlb0 0"
 dmsetup create kmlfo --table "0 32768 $M /dev/mapper/kmlleg0 /dev/kmlb1"
 echo 0 > $P/enabled     # every read to the primary
-dmsetup suspend kmlleg0 && dmsetup reload kmlleg0 --table "0 131072 error" &&
+dmsetup suspend kmlleg0 && dmsetup reload kmlleg0 --table "0 {fs_sectors} error" &&
     dmsetup resume kmlleg0
 fo=$([ "$(dd if=/dev/mapper/kmlfo bs=64k count=256 iflag=direct 2>/dev/null | md5sum)" = \
        "$(md5sum < /tmp/data)" ] && echo yes || echo no)
