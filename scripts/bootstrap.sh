@@ -112,6 +112,10 @@ if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ] || [ pyproject.toml -nt "$stam
 else
 	say ".venv: kmlc$EXTRAS installed, setup.py unchanged"
 fi
+# Python uses the bytecode it finds even where PYTHONDONTWRITEBYTECODE stops it
+# writing any: kmlc's compiled once here, not again in every kmlc process
+.venv/bin/python -m compileall -q -j 0 compiler frontends runtime-kernel runtime-user tests \
+	examples >/dev/null 2>&1 || true
 
 # --- the job ----------------------------------------------------------------
 if [ "$MODE" = demo ]; then

@@ -1,5 +1,6 @@
-"""Module builds kept between runs: Kbuild's own incremental build, in a
-directory named by what is built.
+"""Builds kept between runs: kernel modules (Kbuild's own incremental
+build, in a directory named by what is built) and twins (a library or
+program named by its preprocessed sources, as ccache's preprocessor mode).
 
 ``kmlc build`` (and every command that builds a module) runs Kbuild in
 ``~/.cache/kmlc/modules/<module>-<key>/`` rather than in OUTDIR/kernel,
@@ -26,7 +27,18 @@ What this guarantees:
 - at most ``KEEP`` directories are kept, the least recently used removed
   first.
 
-``KMLC_MODULE_CACHE=0`` builds in OUTDIR/kernel as Kbuild is usually run.
+A twin (``user.build_twin``, ``user.build_runner``) is kept in
+``~/.cache/kmlc/twins/<key>`` where the key hashes the compiler (its
+path, size and time), the command with its output left out, and the
+preprocessor's output for every source with the same flags: every header
+the sources read, system ones included, is in it, so any change to what
+would be compiled is a new key.  Only a build that printed nothing (no
+warning) is kept; at most ``KEEP_TWINS`` are kept, the least recently
+used removed first.  The compilers are deterministic, so a twin taken
+from there is the bytes the command would write.
+
+``KMLC_BUILD_CACHE=0`` turns both off: modules build in OUTDIR/kernel as
+Kbuild is usually run, twins are compiled every time.
 """
 from __future__ import annotations
 
@@ -39,7 +51,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-KEEP = 400            # build directories (about 5 MB each with debug info)
+KEEP = 400            # module build directories (1-5 MB each, with debug information)
+KEEP_TWINS = 3000     # twins (20-100 KB each)
 _FORMAT = b"kmlc-module-build-1"
 _OUTPUT_SUFFIXES = (".o", ".ko", ".mod", ".mod.c", ".symvers", ".order", ".log", ".signing",
                     ".dwo", ".a")
@@ -49,7 +62,7 @@ _COMPILERS = ("gcc", "cc", "clang", "ld", "ld.lld", "aarch64-linux-gnu-gcc",
 
 
 def enabled() -> bool:
-    return os.environ.get("KMLC_MODULE_CACHE", "1") not in ("0", "off", "no")
+    return os.environ.get("KMLC_BUILD_CACHE", "1") not in ("0", "off", "no")
 
 
 def sources(moddir: Path) -> list[Path]:
@@ -117,8 +130,19 @@ def build(moddir: Path, kdir: Path, make_cmd, name: str):
     """Run ``make_cmd(builddir)`` (the make command for a module directory)
     in the kept directory for ``moddir``'s sources; returns (returncode,
     log) with paths as if Kbuild had run in ``moddir``, whose outputs are
-    then those of the build."""
+    then those of the build.  A cache that cannot be written means a
+    build in ``moddir`` itself."""
     moddir = moddir.resolve()
+    if enabled():
+        try:
+            return _build_kept(moddir, kdir, make_cmd, name)
+        except OSError:
+            pass
+    res = _make(make_cmd(moddir))
+    return res.returncode, res.stdout + res.stderr
+
+
+def _build_kept(moddir: Path, kdir: Path, make_cmd, name: str):
     base = root()
     base.mkdir(parents=True, exist_ok=True)
     stage = base / f"{name}-{key(moddir, kdir, make_cmd(base / '_'))}"
@@ -184,3 +208,68 @@ def prune(base: Path | None = None) -> None:
             with _lock(lock, blocking=False) as mine:
                 if mine:
                     lock.unlink(missing_ok=True)
+
+
+# ---- twins ------------------------------------------------------------------------
+
+def compile_twin(cmd: list[str], cwd: Path, run) -> tuple[int, str]:
+    """``cmd`` (a compiler command with one ``-o OUT``) run by ``run(cmd)``
+    (returning a CompletedProcess), or OUT taken from the twins kept
+    before; returns (returncode, stderr).  A cache that cannot be read or
+    written, or an entry whose checksum fails, only means a compile."""
+    i = cmd.index("-o")
+    out = Path(cwd, cmd[i + 1])
+    kept = _twin_key(cmd, cwd, i) if enabled() else None
+    if kept is not None:
+        try:
+            data = kept.read_bytes()
+            if hashlib.sha256(data[32:]).digest() == data[:32]:
+                _write(out, data[32:])
+                os.chmod(out, 0o755)
+                os.utime(kept)
+                return 0, ""
+        except OSError:
+            pass
+    res = run(cmd)
+    if kept is not None and res.returncode == 0 and not res.stderr.strip():
+        try:
+            data = out.read_bytes()
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            _write(kept, hashlib.sha256(data).digest() + data)
+            files = list(kept.parent.iterdir())
+            if len(files) > KEEP_TWINS:
+                files.sort(key=lambda p: p.stat().st_mtime)
+                for p in files[:len(files) - KEEP_TWINS]:
+                    p.unlink(missing_ok=True)
+        except OSError:
+            pass
+    return res.returncode, res.stderr
+
+
+def _twin_key(cmd: list[str], cwd: Path, i: int) -> Path | None:
+    """Where the output of ``cmd`` (``-o`` at ``i``) is kept, or None if the
+    sources do not preprocess (the compile will say why)."""
+    pre = [a for a in cmd[:i] + cmd[i + 2:] if a not in ("-shared", "-static")] + ["-E"]
+    try:
+        res = subprocess.run(pre, cwd=cwd, capture_output=True)
+    except OSError:
+        return None
+    if res.returncode:
+        return None
+    h = hashlib.sha256(_FORMAT + b"-twin\0")
+    found = shutil.which(cmd[0])
+    h.update(_stat_id(Path(found)) if found else cmd[0].encode())
+    for part in cmd[:i] + ["-o", Path(cmd[i + 1]).suffix] + cmd[i + 2:]:
+        h.update(part.encode() + b"\0")
+    h.update(res.stdout)
+    return root().with_name("twins") / h.hexdigest()[:32]
+
+
+def _write(dst: Path, data: bytes) -> None:
+    """Write ``dst`` whole (another process sees the old file or the new)."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)

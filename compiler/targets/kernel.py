@@ -186,11 +186,7 @@ def build_module(moddir: Path, *, kdir=None, llvm: bool = False, arch: str = "x8
     def command(d: Path) -> list[str]:
         return make_command(k, d, llvm=llvm, arch=arch) + ["modules"]
 
-    if buildcache.enabled():
-        rc, log = buildcache.build(moddir, k, command, _module_name(moddir))
-    else:
-        res = subprocess.run(command(moddir), capture_output=True, text=True)
-        rc, log = res.returncode, res.stdout + res.stderr
+    rc, log = buildcache.build(moddir, k, command, _module_name(moddir))
     (moddir / "build.log").write_text(log)
     warnings = [ln for ln in log.splitlines() if "warning:" in ln]
     if rc != 0:

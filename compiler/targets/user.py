@@ -20,6 +20,7 @@ import numpy as np
 
 from ..schedule import SIMD_ISAS
 from ..errors import KmlcError
+from . import buildcache
 from ..passes.quantize import encode_rows
 
 # Flags every twin build uses: the determinism contract, and warnings as the
@@ -69,12 +70,13 @@ def build_twin(userdir: Path, name: str, *, cc: str | None = None, extra=(),
 def _compile(cmd: list[str], cwd: Path, what: str) -> None:
     """Runs a twin's compiler command; an error or a warning is a kmlc bug
     and raises, naming the first diagnostic."""
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if res.returncode != 0 or res.stderr.strip():
-        diag = [ln for ln in res.stderr.splitlines() if "error:" in ln or "warning:" in ln]
-        first = (diag or res.stderr.strip().splitlines() or ["no output"])[0].strip()
-        raise KmlcError(f"building {what} {'failed' if res.returncode else 'warned'}: {first} "
-                        "(a kmlc bug; please report)", details=res.stderr.strip())
+    rc, err = buildcache.compile_twin(
+        cmd, cwd, lambda c: subprocess.run(c, cwd=cwd, capture_output=True, text=True))
+    if rc != 0 or err.strip():
+        diag = [ln for ln in err.splitlines() if "error:" in ln or "warning:" in ln]
+        first = (diag or err.strip().splitlines() or ["no output"])[0].strip()
+        raise KmlcError(f"building {what} {'failed' if rc else 'warned'}: {first} "
+                        "(a kmlc bug; please report)", details=err.strip())
 
 
 # Architectures a twin is built for besides this machine's: the cross

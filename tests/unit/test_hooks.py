@@ -310,8 +310,38 @@ def test_scenario_loops_are_the_kernels_unless_asked():
         text = owner(hook).scenario("kml_x", "kml_x.ko", 7)
         assert "for c in $(seq 7); do" in text and '"7 cycles' in text, hook
     text = swap_scenario("kml_x", None, 3, 13)
-    assert "while [ $i -lt 13 ]" in text and "k=$(( (13 - 2) % 3 ))" in text
+    assert "while [ $i -lt 13 ]" in text and "running $(( (13 - 2) % 3 ))" in text
     assert '"13 swaps over 3 sets' in text
+
+
+def test_swap_check_fails_on_a_wrong_version_or_golden_output(tmp_path):
+    """The swap scenario's check of the running set (its shell function,
+    run here by the host's sh on files laid out as in the guest): true only
+    when the module's version and its golden outputs are the set's."""
+    import re
+    import subprocess
+
+    from kmlc.targets.qemu import swap_scenario
+
+    fn = re.search(r"^running\(\) \{.*?\}\n", swap_scenario("kml_x", None, 3, 13), re.M | re.S)
+    s, lib = tmp_path / "sys", tmp_path / "lib"
+    s.mkdir(), lib.mkdir()
+    gold = "3f800000 0\nbf800000 2\n"
+    (lib / "expect1").write_text("7\n")
+    (lib / "gold1").write_text(gold)
+
+    def running(version, goldens):
+        (s / "weights_version").write_text(version)
+        (tmp_path / "goldens").write_text(goldens)
+        return subprocess.run(["sh", "-c", fn.group(0) + "running 1"], env={
+            "S": str(s), "L": str(lib), "G": str(tmp_path / "goldens"), "PATH": "/usr/bin:/bin"},
+            capture_output=True).returncode
+
+    assert running("7\n", gold) == 0
+    assert running("6\n", gold) == 1
+    assert running("7\n", gold.replace("bf8", "bf9")) == 1
+    assert running("7\n", gold[:-1]) == 1
+    assert running("7\n", gold + "0 0\n") == 1
 
 
 def test_loop_counts_out_of_range_are_refused_before_any_boot(tmp_path):
