@@ -746,6 +746,7 @@ def _raw(meta: dict, x: np.ndarray) -> np.ndarray:
 def sanitized(out: Path, meta: dict, x: np.ndarray, y: np.ndarray, d: Path) -> str:
     """The twin's C under ASan and UBSan on clean and extreme rows: no
     report, and the clean rows' raw outputs as `kmlc run` gave them."""
+    from kmlc.targets.buildcache import compile_twin
     from kmlc.targets.user import sources
 
     name, fixed = meta["name"], bool(meta["fixed"])
@@ -753,13 +754,17 @@ def sanitized(out: Path, meta: dict, x: np.ndarray, y: np.ndarray, d: Path) -> s
     (d / "drv.c").write_text(DRIVER % {"name": name, "N": f"KML_{name.upper()}",
                                        "tin": C_TYPES[tin], "tout": C_TYPES[tout]})
     exe = d / "drv"
-    srcs = [str(out / "user" / s) for s in sources(out / "user", name) if not s.endswith("_twin.c")]
-    b = subprocess.run(["gcc", "-std=gnu11", "-O1", "-g", "-fsanitize=address,undefined",
-                        "-fno-sanitize-recover=all", "-ffp-contract=off",
-                        f"-I{out / 'user'}", "-o", str(exe), str(d / "drv.c"), *srcs],
-                       capture_output=True, text=True, timeout=TIMEOUT)
-    if b.returncode:
-        return "sanitizer build fails: " + b.stderr[-1500:]
+    # paths relative to the case's directory, so that a case built before
+    # (the same seed) is taken from kmlc's twin cache (compiler/targets/buildcache.py)
+    rel = out.relative_to(d) / "user"
+    srcs = [str(rel / s) for s in sources(out / "user", name) if not s.endswith("_twin.c")]
+    rc, err = compile_twin(["gcc", "-std=gnu11", "-O1", "-g", "-fsanitize=address,undefined",
+                            "-fno-sanitize-recover=all", "-ffp-contract=off", f"-I{rel}", "-o",
+                            "drv", "drv.c", *srcs], d,
+                           lambda c: subprocess.run(c, cwd=d, capture_output=True, text=True,
+                                                    timeout=TIMEOUT))
+    if rc:
+        return "sanitizer build fails: " + err[-1500:]
     raw = _raw(meta, x)
     n = raw.shape[1]
     if raw.dtype.kind in "iu":
