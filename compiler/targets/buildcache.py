@@ -9,9 +9,9 @@ its log back into OUTDIR/kernel, with the build directory's path in the
 log and the .cmd files rewritten to OUTDIR/kernel's.  The key is a hash
 of every source file's name and bytes, the make command, the kernel
 build directory (its path, and the size and time of its .config,
-Module.symvers and Makefile) and the compilers on PATH (their size and
-time).  The same sources built for the same kernel again therefore find
-their objects from before, and Kbuild decides, as it does in a kernel
+Module.symvers and Makefile) and the compilers on PATH (what their
+``--version`` says).  The same sources built for the same kernel again
+therefore find their objects from before, and Kbuild decides, as it does in a kernel
 tree, whether anything is out of date: its .cmd files hold every
 object's command line and the headers it read.
 
@@ -29,7 +29,7 @@ What this guarantees:
 
 A twin (``user.build_twin``, ``user.build_runner``) is kept in
 ``~/.cache/kmlc/twins/<key>`` where the key hashes the compiler (its
-path, size and time), the command with its output left out, and the
+``--version``), the command with its output left out, and the
 preprocessor's output for every source with the same flags: every header
 the sources read, system ones included, is in it, so any change to what
 would be compiled is a new key.  Only a build that printed nothing (no
@@ -43,6 +43,7 @@ Kbuild is usually run, twins are compiled every time.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -79,6 +80,21 @@ def _stat_id(p: Path) -> bytes:
     return f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()
 
 
+@functools.lru_cache(maxsize=None)
+def _version(path: str, stat: bytes) -> bytes:
+    try:
+        return subprocess.run([path, "--version"], capture_output=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return b"?"
+
+
+def _tool_id(tool: str) -> bytes:
+    """What a compiler says it is (``--version``: the Debian revision
+    included), as ccache's compiler_check; asked again if the file changes."""
+    found = shutil.which(tool)
+    return _version(found, _stat_id(Path(found))) if found else b"-"
+
+
 def key(moddir: Path, kdir: Path, make_args: list[str]) -> str:
     h = hashlib.sha256(_FORMAT)
     for part in make_args:
@@ -87,8 +103,7 @@ def key(moddir: Path, kdir: Path, make_args: list[str]) -> str:
     for name in (".config", "Module.symvers", "Makefile"):
         h.update(_stat_id(Path(kdir) / name) + b"\0")
     for tool in _COMPILERS:
-        found = shutil.which(tool)
-        h.update(_stat_id(Path(found)) if found else b"-")
+        h.update(_tool_id(tool) + b"\0")
     for p in sources(moddir):
         data = p.read_bytes()
         h.update(f"{p.name}\0{len(data)}\0".encode() + data)
@@ -257,8 +272,7 @@ def _twin_key(cmd: list[str], cwd: Path, i: int) -> Path | None:
     if res.returncode:
         return None
     h = hashlib.sha256(_FORMAT + b"-twin\0")
-    found = shutil.which(cmd[0])
-    h.update(_stat_id(Path(found)) if found else cmd[0].encode())
+    h.update(_tool_id(cmd[0]) + b"\0")
     for part in cmd[:i] + ["-o", Path(cmd[i + 1]).suffix] + cmd[i + 2:]:
         h.update(part.encode() + b"\0")
     h.update(res.stdout)
