@@ -11,9 +11,9 @@ of every source file's name and bytes, the make command, the kernel
 build directory (its path, and the size and time of its .config,
 Module.symvers and Makefile) and the compilers on PATH (what their
 ``--version`` says).  The same sources built for the same kernel again
-therefore find their objects from before, and Kbuild decides, as it does in a kernel
-tree, whether anything is out of date: its .cmd files hold every
-object's command line and the headers it read.
+therefore find their objects from before, and Kbuild decides, as it does
+in a kernel tree, whether anything is out of date: its .cmd files hold
+every object's command line and the headers it read.
 
 What this guarantees:
 - a build that is reused is one Kbuild found up to date; when Kbuild
