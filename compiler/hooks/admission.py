@@ -217,7 +217,8 @@ S=/dev/kmla0; F=/dev/kmla1
 # LEG_FIELDS: reads 0, writes 1, flushes 2, fua 3, discards 4, errors 5
 kml_nullb kmla0 64 10000000; kml_nullb kmla1 64 20000   # a slow primary, a fast leg 1
 dd if=/dev/urandom of=/tmp/data bs=1M count=16 2>/dev/null
-dd if=/tmp/data of=$S bs=1M 2>/dev/null; dd if=/tmp/data of=$F bs=1M 2>/dev/null; sync
+dd if=/tmp/data of=$S bs=1M oflag=direct 2>/dev/null
+dd if=/tmp/data of=$F bs=1M oflag=direct 2>/dev/null
 for i in $(seq 0 15); do
     dd if=/tmp/data bs=64k skip=$((i * 16)) count=16 2>/dev/null | md5sum > /tmp/want.$i
 done
@@ -304,9 +305,9 @@ dmsetup remove kmladm || kml_result $M-mirror FAIL remove
 # dm's error target) while files are written and read: no error reaches
 # the filesystem and no file is lost
 kml_nullb kmlb0 {fs_mib} 100000; kml_nullb kmlb1 {fs_mib} 100000
-for d in kmlb0 kmlb1; do
-    gunzip -c /lib/kmlc/ext4.img.gz | dd of=/dev/$d bs=1M conv=fsync 2>/dev/null
-done
+gunzip -c /lib/kmlc/ext4.img.gz > /tmp/fs.img
+for d in kmlb0 kmlb1; do dd if=/tmp/fs.img of=/dev/$d bs=1M oflag=direct 2>/dev/null; done
+rm /tmp/fs.img
 echo 3 > /proc/sys/vm/drop_caches
 dmsetup create kmlleg0 --table "0 {fs_sectors} linear /dev/kmlb0 0"
 dmsetup create kmlfs --table "0 {fs_sectors} $M /dev/mapper/kmlleg0 /dev/kmlb1"
@@ -367,8 +368,8 @@ dmsetup remove kmlfs; dmsetup remove kmlleg0
 
 # read failover: the primary fails while idle, so that reads meet the
 # error first; every byte still reads right, from leg 1
-dd if=/tmp/data of=/dev/kmlb0 bs=1M conv=fsync 2>/dev/null
-dd if=/tmp/data of=/dev/kmlb1 bs=1M conv=fsync 2>/dev/null
+dd if=/tmp/data of=/dev/kmlb0 bs=1M oflag=direct 2>/dev/null
+dd if=/tmp/data of=/dev/kmlb1 bs=1M oflag=direct 2>/dev/null
 dmsetup create kmlleg0 --table "0 {fs_sectors} linear /dev/kmlb0 0"
 dmsetup create kmlfo --table "0 32768 $M /dev/mapper/kmlleg0 /dev/kmlb1"
 echo 0 > $P/enabled     # every read to the primary

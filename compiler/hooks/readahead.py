@@ -131,16 +131,16 @@ D=/sys/kernel/debug/$M
 C=/sys/kernel/config/nullb
 stat_of() {{ awk -v k=$1 '$1 == k {{print $2}}' $D/stats; }}
 ios() {{ awk '{{print $1}}' /sys/block/$1/stat; }}
-# kmlr0..3: 32 MiB of the same random bytes (memory-backed), read and
+# kmlr0..3: 16 MiB of the same random bytes (memory-backed), read and
 # checksummed; the others: I/O counts only (reads return no stored data)
 DISKS="kmlr0 kmlr1 kmlr2 kmlr3 kmlr4 kmlr5 kmlr6 kmlr7 kmlr8 kmlr9 kmlr10 kmlr11"
 for d in $DISKS; do
     mkdir $C/$d; echo 512 > $C/$d/size; echo 1024 > $C/$d/max_sectors
-    case $d in kmlr[0-3]) echo 32 > $C/$d/size; echo 1 > $C/$d/memory_backed ;; esac
+    case $d in kmlr[0-3]) echo 16 > $C/$d/size; echo 1 > $C/$d/memory_backed ;; esac
     echo 1 > $C/$d/power; echo none > /sys/block/$d/queue/scheduler
 done
-dd if=/dev/urandom of=/tmp/rdata bs=1M count=32 2>/dev/null
-for d in kmlr0 kmlr1 kmlr2 kmlr3; do dd if=/tmp/rdata of=/dev/$d bs=1M conv=fsync 2>/dev/null; done
+dd if=/dev/urandom of=/tmp/rdata bs=1M count=16 2>/dev/null
+for d in kmlr0 kmlr1 kmlr2 kmlr3; do dd if=/tmp/rdata of=/dev/$d bs=1M oflag=direct 2>/dev/null; done
 rm /tmp/rdata
 echo 3 > /proc/sys/vm/drop_caches
 
@@ -149,12 +149,12 @@ echo 3 > /proc/sys/vm/drop_caches
 echo 16 > $P/window_events
 kml_trace_on $M
 bad=0
-seq_sum=$(kml_reader seq /dev/kmlr0 8192 8192)
-rand_sum=$(kml_reader rand /dev/kmlr1 8192 2048 7)
+seq_sum=$(kml_reader seq /dev/kmlr0 4096 4096)
+rand_sum=$(kml_reader rand /dev/kmlr1 4096 1024 7)
 echo 3 > /proc/sys/vm/drop_caches
-[ "$(kml_reader mseq /dev/kmlr2 8192 8192)" = "$seq_sum" ] || bad=$((bad + 1))
-[ "$(kml_reader mrand /dev/kmlr3 8192 2048 7)" = "$rand_sum" ] || bad=$((bad + 1))
-[ "$(kml_reader seq /dev/kmlr2 8192 8192)" = "$seq_sum" ] || bad=$((bad + 1))
+[ "$(kml_reader mseq /dev/kmlr2 4096 4096)" = "$seq_sum" ] || bad=$((bad + 1))
+[ "$(kml_reader mrand /dev/kmlr3 4096 1024 7)" = "$rand_sum" ] || bad=$((bad + 1))
+[ "$(kml_reader seq /dev/kmlr2 4096 4096)" = "$seq_sum" ] || bad=$((bad + 1))
 kml_trace_dump $M reads
 cat $D/stats
 misses=$(stat_of misses); faults=$(stat_of faults); windows=$(stat_of windows)
