@@ -9,7 +9,8 @@ its log back into OUTDIR/kernel, with the build directory's path in the
 log and the .cmd files rewritten to OUTDIR/kernel's.  The key is a hash
 of every source file's name and bytes, the make command, the kernel
 build directory (its path, and the size and time of its .config,
-Module.symvers and Makefile) and the compilers on PATH (what their
+Module.symvers and Makefile), the variables Kbuild reads from the
+environment (KCFLAGS and the like) and the compilers on PATH (what their
 ``--version`` says).  The same sources built for the same kernel again
 therefore find their objects from before, and Kbuild decides, as it does
 in a kernel tree, whether anything is out of date: its .cmd files hold
@@ -56,8 +57,12 @@ KEEP = 400            # module build directories (1-5 MB each, with debug inform
 KEEP_TWINS = 3000     # twins (20-100 KB each)
 _FORMAT = b"kmlc-module-build-1"
 _OUTPUT_SUFFIXES = (".o", ".ko", ".mod", ".mod.c", ".symvers", ".order", ".log", ".signing",
-                    ".dwo", ".a")
-_LOG = ".kmlc-build.log"
+                    ".dwo", ".a", ".su", ".ci", ".i", ".s", ".lst")
+# What Kbuild reads from the environment besides the command line
+# (Documentation/kbuild/kbuild.rst); PATH is not, the compilers' --version is
+_MAKE_ENV = ("CC", "LD", "AR", "NM", "OBJCOPY", "LLVM", "LLVM_IAS", "ARCH", "SRCARCH",
+             "CROSS_COMPILE", "W", "C", "V", "MAKEFLAGS", "INSTALL_MOD_PATH")
+_LOG = ".kmlc-build.log"        # the whole build's output: written once it succeeded
 _COMPILERS = ("gcc", "cc", "clang", "ld", "ld.lld", "aarch64-linux-gnu-gcc",
               "aarch64-linux-gnu-ld")
 
@@ -104,6 +109,9 @@ def key(moddir: Path, kdir: Path, make_args: list[str]) -> str:
         h.update(_stat_id(Path(kdir) / name) + b"\0")
     for tool in _COMPILERS:
         h.update(_tool_id(tool) + b"\0")
+    for k, v in sorted(os.environ.items()):
+        if k in _MAKE_ENV or k.startswith(("KBUILD_", "KCFLAGS", "KCPPFLAGS", "KAFLAGS")):
+            h.update(f"{k}={v}\0".encode())
     for p in sources(moddir):
         data = p.read_bytes()
         h.update(f"{p.name}\0{len(data)}\0".encode() + data)
@@ -193,15 +201,26 @@ def _make(cmd):
 
 
 def _copy_outputs(stage: Path, moddir: Path) -> None:
+    """Every file Kbuild made in ``stage`` into ``moddir``: the .cmd files
+    with ``stage``'s path as ``moddir``'s; a file ``moddir`` already has is
+    left as it is (as Kbuild leaves an up-to-date target), and so is a
+    module there that is this one signed (``kmlc build --sign``)."""
+    from .kernel import SIG_MAGIC
+
     keep = {p.name for p in sources(stage)} | {_LOG}
     old, new = str(stage).encode(), str(moddir).encode()
     for p in stage.iterdir():
         if p.name in keep or not p.is_file():
             continue
+        data = p.read_bytes()
         if p.name.endswith(".cmd"):
-            (moddir / p.name).write_bytes(p.read_bytes().replace(old, new))
-        else:
-            shutil.copy2(p, moddir / p.name)
+            data = data.replace(old, new)
+        dst = moddir / p.name
+        have = dst.read_bytes() if dst.is_file() else None
+        if have is not None and (have == data or (
+                p.suffix == ".ko" and have.startswith(data) and have.endswith(SIG_MAGIC))):
+            continue
+        _write(dst, data)
 
 
 def prune(base: Path | None = None) -> None:

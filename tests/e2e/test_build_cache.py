@@ -191,3 +191,17 @@ def test_a_module_builds_in_place_when_the_cache_cannot_be_written(tmp_path, cac
     cache.write_text("a file where the build directories would be")
     kernel.build_module(a)
     assert str(a.resolve()) in (a / ".bcu.o.cmd").read_text()
+
+
+@pytest.mark.kernel
+def test_kbuilds_environment_is_in_the_key_and_every_output_comes_back(tmp_path, cache,
+                                                                      monkeypatch):
+    """KCFLAGS changes what Kbuild makes (here -fstack-usage's .su files):
+    another kept directory, and its outputs all copied into OUTDIR/kernel."""
+    a = model(tmp_path, "bck")
+    kernel.build_module(a)
+    assert not list(a.glob("*.su"))
+    monkeypatch.setenv("KCFLAGS", "-fstack-usage")
+    kernel.build_module(a)
+    assert {p.stem for p in a.glob("*.su")} >= {"bck", "bck_fp", "bck_mod"}
+    assert len([d for d in cache.iterdir() if d.is_dir()]) == 2
