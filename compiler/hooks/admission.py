@@ -157,8 +157,8 @@ class Admission(Hook):
 
 
 # The ext4 step's filesystem and legs: 32 MiB holds its 110 files (about 10
-# MiB) three times over, and each MiB is copied in and checksummed twice
-# in the guest, which is most of the step's time under TCG
+# MiB) beside ext4's 4 MiB journal with room to spare; each MiB is copied in
+# and checksummed twice in the guest, most of the step's time under TCG
 FS_MIB = 32
 
 
