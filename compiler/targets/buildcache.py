@@ -153,10 +153,11 @@ def build(moddir: Path, kdir: Path, make_cmd, name: str):
     """Run ``make_cmd(builddir)`` (the make command for a module directory)
     in the kept directory for ``moddir``'s sources; returns (returncode,
     log) with paths as if Kbuild had run in ``moddir``, whose outputs are
-    then those of the build.  A cache that cannot be written means a
-    build in ``moddir`` itself."""
+    then those of the build.  A cache that cannot be written, or a module
+    directory with subdirectories (which the kept directory would not
+    have), means a build in ``moddir`` itself."""
     moddir = moddir.resolve()
-    if enabled():
+    if enabled() and not any(p.is_dir() for p in moddir.iterdir()):
         try:
             return _build_kept(moddir, kdir, make_cmd, name)
         except OSError:

@@ -205,3 +205,14 @@ def test_kbuilds_environment_is_in_the_key_and_every_output_comes_back(tmp_path,
     kernel.build_module(a)
     assert {p.stem for p in a.glob("*.su")} >= {"bck", "bck_fp", "bck_mod"}
     assert len([d for d in cache.iterdir() if d.is_dir()]) == 2
+
+
+@pytest.mark.kernel
+def test_a_module_directory_with_subdirectories_builds_in_place(tmp_path, cache):
+    """A Kbuild may build objects from subdirectories, which the kept
+    directory (the top directory's files) would not have."""
+    a = model(tmp_path, "bcs")
+    (a / "extra").mkdir()
+    kernel.build_module(a)
+    assert str(a.resolve()) in (a / ".bcs.o.cmd").read_text()
+    assert not cache.exists() or not [d for d in cache.iterdir() if d.is_dir()]
