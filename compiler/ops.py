@@ -790,6 +790,8 @@ OPS["qact"] = OpDef("qact", _qact_infer, _qact_eval)
 #   function of one or two activations (broadcast as numpy does), a
 #   constant operand's per-element multipliers or offsets in a table of
 #   int64; ties away from zero (kml_round_shift), leaving int16 counted.
+#   With prod, the product of two activations (kml_qmul):
+#   y = clamp16(round((a - za) * (b - zb) * ma / 2^shift) + zp).
 
 def _qlin_infer(types, attrs):
     _need(types[0].dtype == I16, f"qlin of {types[0]}")
@@ -800,7 +802,8 @@ def _qlin_eval(xs, attrs):
     d = xs[0].astype(np.int64) - attrs["za"]
     b = xs[1].astype(np.int64) if len(xs) == 2 else None
     table = attrs.get("table")
-    acc = d * b if table == "mult" else d * attrs["ma"] + (
+    acc = d * (b - attrs["zb"]) * attrs["ma"] if attrs.get("prod") else \
+        d * b if table == "mult" else d * attrs["ma"] + (
         0 if b is None else b if table == "offset" else (b - attrs["zb"]) * attrs["mb"])
     r = qmath.round_shift(acc, attrs["shift"]) + attrs["zp"]
     _count(r, *S16)
@@ -808,6 +811,27 @@ def _qlin_eval(xs, attrs):
 
 
 OPS["qlin"] = OpDef("qlin", _qlin_infer, _qlin_eval)
+
+
+# qtab (x: i16, t: i16) {o, down, m, k, umax}: y = kml_tab(t, x, o, down, m,
+#   k, umax), a function of an activation (exp, log, sqrt, erf, reciprocal)
+#   by a table of its encoded values, linear between them.
+
+def _qtab_infer(types, attrs):
+    _need(types[0].dtype == I16 and types[1].dtype == I16, f"qtab of {types[0]}, {types[1]}")
+    _need(attrs["m"] + attrs["k"] <= 16 and 0 <= attrs["umax"] < 65536, "qtab layout")
+    need = int(qmath.tab_index(np.array([attrs["umax"]]), attrs["m"], attrs["k"])[0][0]) + 2
+    _need(types[1].shape == (need,), f"qtab table {types[1]}, {need} entries needed")
+    return [TensorType(I16, types[0].shape)]
+
+
+def _qtab_eval(xs, attrs):
+    a = attrs
+    return [qmath.tab(xs[1], xs[0], a["o"], a["down"], a["m"], a["k"], a["umax"]
+                      ).astype(np.int16)]
+
+
+OPS["qtab"] = OpDef("qtab", _qtab_infer, _qtab_eval)
 OPS["qsoftmax"] = OpDef("qsoftmax", _q_infer(I16), _qsoftmax_eval)
 
 

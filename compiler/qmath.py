@@ -139,6 +139,39 @@ def exp_q15(d) -> np.ndarray:
     return lut(table("exp"), lut_index(np.minimum(d, 0)))
 
 
+def tab_index(u, m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """kml_tab's segment of each u in [0, 2^16): (index, log2 of its width)."""
+    u = _i64(u)
+    e = np.frexp(np.maximum(u, 1))[1].astype(np.int64) - 1        # exact below 2^53
+    geo = (u >> (m + k)) > 0
+    sh = np.where(geo, e - m, k)
+    return np.where(geo, ((e - m - k) << m) + (u >> sh), u >> k), sh
+
+
+def tab_starts(count: int, m: int, k: int) -> np.ndarray:
+    """The u at which each of kml_tab's first ``count`` segments starts."""
+    j = np.arange(count, dtype=np.int64)
+    q, s = (j - (1 << m)) >> m, (j - (1 << m)) & ((1 << m) - 1)
+    return np.where(j < (1 << m), j << k, ((1 << m) + s) << (k + np.maximum(q, 0)))
+
+
+def tab(t: np.ndarray, x, o: int, down: bool, m: int, k: int, umax: int) -> np.ndarray:
+    """kml_tab: a function of int16 ``x`` by its table ``t``."""
+    t = _i64(t)
+    u = np.clip(o - _i64(x) if down else _i64(x) - o, 0, umax)
+    j, sh = tab_index(u, m, k)
+    frac = u & ((np.int64(1) << sh) - 1)
+    t0, t1 = t[j], t[j + 1]
+    corr = (np.abs(t1 - t0) * frac + ((np.int64(1) << sh) >> 1)) >> sh
+    return np.where(t1 >= t0, t0 + corr, t0 - corr)
+
+
+def qmul(a, za: int, b, zb: int, m: int, shift: int, zp: int) -> np.ndarray:
+    """kml_qmul before its saturation: round((a - za) * (b - zb) * m /
+    2^shift) + zp."""
+    return round_shift((_i64(a) - za) * (_i64(b) - zb) * m, shift) + zp
+
+
 LUT_EVAL = {"sigmoid": sigmoid_q15, "tanh": tanh_q15}
 
 

@@ -249,12 +249,14 @@ def corruption_cases(prog: Program) -> list[tuple[str, int, bytes, str]]:
                 (f"{name}: record's accumulator", rec + 4, bytes([96 - L["acc_bits"]]),
                  "another kernel"),
                 (f"{name}: record's padding", rec + 5, b"\x01", "another kernel"),
-                (f"{name}: record's bound", rec + 8, (L["bound"] - 1).to_bytes(8, "little"),
-                 "record's bound")]
+                (f"{name}: record's bound", rec + 8,
+                 (L["bound"] - 1 if L["bound"] else 1).to_bytes(8, "little"), "record's bound")]
         m = L["members"]
-        big = 2**31 - 1 if L["acc_bits"] == 32 else 2**62
+        # |bias| alone beyond the accumulator's limit (2^31 - 1, or 2^62),
+        # whatever the weights are (all zero too)
+        big = -(2**31) if L["acc_bits"] == 32 else -(2**62)
         out += [(f"{name}: bias beyond the accumulator", img + off[m["b"]],
-                 big.to_bytes(L["acc_bits"] // 8, "little"), "sums"),
+                 big.to_bytes(L["acc_bits"] // 8, "little", signed=True), "sums"),
                 (f"{name}: requantization shift 63", img + off[m["rq"]],
                  (1 << 6 | 63).to_bytes(4, "little"), "requantization")]
         if L["wbytes"] == 2:

@@ -218,6 +218,76 @@ static inline s64 kml_qlin(s64 a, s64 za, s64 ma, s64 b, s64 zb, s64 mb, unsigne
 	return kml_clamp(v, -32768, 32767);
 }
 
+/*
+ * A product of two activations (kmlc.ops: qlin, prod): round((a - za) *
+ * (b - zb) * m / 2^shift) + zp, ties away from zero, saturated to int16
+ * and counted when it leaves it.  |a - za|, |b - zb| < 2^16 and m < 2^30
+ * (the compiler proves both), so |(a - za) * (b - zb) * m| < 2^62.
+ */
+static inline s64 kml_qmul(s64 a, s64 za, s64 b, s64 zb, s64 m, unsigned int shift, s64 zp,
+			   unsigned int *sat)
+{
+	s64 v = kml_round_shift((a - za) * (b - zb) * m, shift) + zp;
+
+	*sat += v < -32768 || v > 32767;
+	return kml_clamp(v, -32768, 32767);
+}
+
+/* floor(log2(u)) for 0 < u < 2^16. */
+static inline unsigned int kml_ilog2_16(u32 u)
+{
+	unsigned int e = 0;
+
+	if (u >> 8) {
+		u >>= 8;
+		e += 8;
+	}
+	if (u >> 4) {
+		u >>= 4;
+		e += 4;
+	}
+	if (u >> 2) {
+		u >>= 2;
+		e += 2;
+	}
+	return e + (u >> 1);
+}
+
+/*
+ * A function of an int16 value x by a table of its encoded values
+ * (kmlc.ops: qtab): u = x - o (o - x when down), taken into [0, umax], falls
+ * in segment j of a table whose segments are 2^k codes wide below
+ * 2^(m + k) and 2^m to an octave beyond (narrow where the function is
+ * steep: near a square root's or a logarithm's 0); t[j] and t[j + 1] hold
+ * the function at the segment's ends, and the value between them is the
+ * line between them, its correction rounded on its magnitude like
+ * kml_lut's.  The compiler's m + k <= 16 keeps every shift below 16, so
+ * d * frac < 2^16 * 2^15.
+ */
+static inline s32 kml_tab(const s16 *t, s32 x, s32 o, bool down, unsigned int m, unsigned int k,
+			  u32 umax)
+{
+	s32 v = down ? o - x : x - o;
+	u32 u = v <= 0 ? 0 : (u32)v > umax ? umax : (u32)v;
+	unsigned int sh = k, e;
+	u32 j, frac, d, corr;
+	s32 t0, t1;
+
+	if (u >> (m + k)) {
+		e = kml_ilog2_16(u);
+		sh = e - m;
+		j = ((e - m - k) << m) + (u >> sh);
+	} else {
+		j = u >> k;
+	}
+	frac = u & ((1U << sh) - 1);
+	t0 = t[j];
+	t1 = t[j + 1];
+	d = t1 >= t0 ? (u32)(t1 - t0) : (u32)(t0 - t1);
+	corr = (d * frac + ((1U << sh) >> 1)) >> sh;
+	return t1 >= t0 ? t0 + (s32)corr : t0 - (s32)corr;
+}
+
 /* The same for an encoding with one end only: a ReLU's, or a Clip's. */
 static inline s64 kml_count_above(s64 v, unsigned int *sat)
 {

@@ -74,6 +74,41 @@ def make_model(nodes, inputs, outputs, inits=(), opset=17, ir_version=8, name="m
     return m
 
 
+def fixed_math():
+    """Functions and products of activations in fixed point: Exp, Log,
+    Sqrt, Erf, Reciprocal (tables), products (one of a value with itself),
+    quotients by an activation and of a constant by one, LayerNormalization
+    (a product, a square root and a quotient), Gelu as PyTorch exports it
+    (Erf and products), ReduceL2, LogSoftmax, ReduceLogSumExp, Pow by 2.5
+    and by 3, and Max and Concat of activations on two scales (each
+    requantized to one encoding spanning both)."""
+    n = helper.make_node
+    rng = np.random.default_rng(5)
+    f = lambda *s: rng.normal(size=s).astype(np.float32)  # noqa: E731
+    nodes = [n("Gemm", ["x", "w0", "b0"], ["h"], transB=1), n("Relu", ["h"], ["r"]),
+             n("Gemm", ["x", "w1", "b1"], ["h2"], transB=1), n("Add", ["r", "one"], ["r1"]),
+             n("Exp", ["h2"], ["e"]), n("Log", ["r1"], ["l"]), n("Sqrt", ["r"], ["s"]),
+             n("Erf", ["h2"], ["er"]), n("Reciprocal", ["r1"], ["rc"]),
+             n("Mul", ["r", "h2"], ["p"]), n("Mul", ["h2", "h2"], ["sq"]),
+             n("Div", ["h2", "r1"], ["dv"]), n("Div", ["three", "r1"], ["cd"]),
+             n("LayerNormalization", ["h2", "sc", "bi"], ["ln"], axis=-1),
+             n("Div", ["h2", "sqrt2"], ["gd"]), n("Erf", ["gd"], ["ge"]),
+             n("Add", ["ge", "one"], ["g1"]), n("Mul", ["h2", "g1"], ["gm"]),
+             n("Mul", ["gm", "half"], ["gelu"]),
+             n("ReduceL2", ["h2"], ["l2"], axes=[1]), n("LogSoftmax", ["h2"], ["ls"], axis=1),
+             n("ReduceLogSumExp", ["h2"], ["lse"], axes=[1]), n("Pow", ["r1", "p25"], ["pw"]),
+             n("Pow", ["h2", "p3"], ["cube"]), n("Max", ["r", "h2"], ["mx"]),
+             n("Concat", ["r", "h2"], ["cc"], axis=1)]
+    inits = {"w0": f(6, 4), "b0": f(6), "w1": f(6, 4), "b1": f(6), "one": np.float32(1),
+             "three": np.float32(3), "sc": f(6), "bi": f(6),
+             "sqrt2": np.float32(np.sqrt(2)), "half": np.float32(0.5),
+             "p25": np.float32(2.5), "p3": np.float32(3)}
+    outs = [(o, [1, 6]) for o in ("e", "l", "s", "er", "rc", "p", "sq", "dv", "cd", "ln", "gelu",
+                                  "ls", "pw", "cube", "mx")]
+    outs += [("l2", [1, 1]), ("lse", [1, 1]), ("cc", [1, 12])]
+    return make_model(nodes, [("x", [1, 4])], outs, inits, opset=17)
+
+
 def mlp_model(sizes, act="Relu", seed=0, batch="N", transB=1):
     rng = np.random.default_rng(seed)
     nodes, inits, x = [], {}, "x"

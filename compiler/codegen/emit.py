@@ -21,7 +21,7 @@ from ..schedule import SIMD_ISAS, Buffer, Kernel, Program
 from ..weightset import blob_bytes, corruption_cases, dense_layers, f32_members, \
     member_offsets, members_end, pinned_members, structure_hash
 from ..weightset import pack as pack_blob
-from ..passes.quantize import layer_name
+from ..passes.quantize import layer_names
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 LINE = 90  # wrap initializers before checkpatch's 100 columns
@@ -529,9 +529,9 @@ def fixed_interface(prog: Program) -> dict | None:
     for p in prog.inputs:
         enc["frac_bits"] += q.inputs[p.buffer.value]["frac_bits"]
     # what kmlc pack pins for a retrained model (QuantOptions.pinned)
+    dense = [op for op in prog.graph.ops if op.kind == "qdense"]
     enc["formats"] = dict(q.formats, dense={
-        layer_name(op): [op.attrs["acc"], "wide_bound" in op.attrs]
-        for op in prog.graph.ops if op.kind == "qdense"})
+        n: [op.attrs["acc"], "wide_bound" in op.attrs] for op, n in zip(dense, layer_names(dense))})
     for p, m in zip(prog.outputs, port_macros(prog)["out"]):
         enc["outputs"].append(dict(q.outputs[p.buffer.value], **q.output_bounds.get(
             p.buffer.value, {}), name=p.name, macro=m))

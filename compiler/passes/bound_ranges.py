@@ -23,7 +23,9 @@ proof does not trust calibration) through every op, and for each one:
   * ``trees``: |sum| <= |base| + the sum over trees of the largest |leaf|
     (exact integers, below 2^TREE_BITS), whatever path a row takes;
   * ``qsoftmax``: differences from the maximum fit in 17 bits and the sum of
-    at most 65535 Q0.15 values fits in 32.
+    at most 65535 Q0.15 values fits in 32;
+  * ``qlin``: its sum, or a product's (a - za) * (b - zb) * M, below 2^62;
+  * ``qtab``: between its table's least and greatest entries.
 Afterwards every integer op carries its accumulator type and its
 (mult, shift) pairs, ``intervals`` holds the proven range of every value,
 and ``in_range`` the encoded inputs' range for inputs in the calibrated
@@ -170,13 +172,18 @@ def bound_ranges(g: Graph) -> Graph:
                 t = op.inputs[1]
                 tl, th = (int(t.data.min()), int(t.data.max())) if t.is_const else iv[t]
                 tm = max(abs(tl), abs(th))
-                acc = da * tm if a.get("table") == "mult" else da * abs(a["ma"]) + (
+                acc = da * max(abs(tl - a["zb"]), abs(th - a["zb"])) * abs(a["ma"]) \
+                    if a.get("prod") else da * tm if a.get("table") == "mult" else \
+                    da * abs(a["ma"]) + (
                     tm if a.get("table") == "offset" else
                     max(abs(tl - a["zb"]), abs(th - a["zb"])) * abs(a["mb"]))
             if acc >= 2**62:
                 _fail(op, f"its sums reach {acc}, beyond 2^62")
             a["acc_bound"] = int(acc)
             out = (-32768, 32767)
+        elif op.kind == "qtab":        # between two of its table's entries
+            t = op.inputs[1].data
+            out = (int(t.min()), int(t.max()))
         elif op.kind == "gather":      # a table's values, or the fill
             out = (min(xl, a.get("fill", 0)), max(xh, a.get("fill", 0)))
         elif op.kind == "cast":

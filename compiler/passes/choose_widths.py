@@ -32,7 +32,7 @@ from ..errors import KmlcError
 from ..ir import Graph, c_text, verify
 from ..ops import run_all
 from .bound_ranges import bound_ranges
-from .quantize import QuantOptions, encode_rows, layer_name, quantize
+from .quantize import QuantOptions, encode_rows, layer_names, quantize
 
 MIN_AGREEMENT = 99.9   # percent of calibration rows
 ROWS = 2000            # calibration rows evaluated, evenly spread
@@ -69,7 +69,7 @@ def agreement(g: Graph, cal: Calibration, qg: Graph, info) -> float:
 def pinned(g: Graph, widths) -> dict[str, int]:
     """Widths given one per dense layer, in graph order, as node -> bits."""
     items = widths.split(",") if isinstance(widths, str) else list(widths)
-    layers = [layer_name(op) for op in g.ops if op.kind == "dense"]
+    layers = layer_names([op for op in g.ops if op.kind == "dense"])
     bad = [str(w).strip() for w in items if str(w).strip() not in ("8", "16")]
     if bad or len(items) != len(layers):
         raise KmlcError(f"--weight-bits {c_text(','.join(map(str, items)))}: expected one width "

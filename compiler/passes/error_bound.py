@@ -28,6 +28,11 @@ It counts, in this order for each layer:
   * tree ensembles: half a step of the sums per leaf and base value added
     (their tests are exact on the encoded inputs); their requantization
     like a dense layer's;
+  * products of two activations: A E_b + B E_a + E_a E_b (A, B the
+    operands' largest magnitudes) plus the requantization's;
+  * functions by a table (exp, log, sqrt, erf, 1/x): the steepest slope
+    over the input's reach times its bound, plus the table's largest error
+    over every input code (computed at compile time, exhaustively);
   * softmax: 1/2 times the input's bound (softmax's gradient rows have
     1-norm 2 p (1 - p) <= 1/2), plus the exp table's error eta relayed
     through the division: eta (n + 1) / (1 - n eta), plus the division's
@@ -69,6 +74,28 @@ def lut_error(fn: str) -> float:
 
 
 LIPSCHITZ = {"sigmoid": 0.25, "tanh": 1.0}
+
+
+def tab_lipschitz(a: dict, lo: int, hi: int, ex: float) -> float:
+    """max |f'| of a qtab's function over its input codes [lo, hi] widened
+    by ``ex`` (real units) on each side, at the codes inside f's domain whose
+    exact value lies inside the output's encoding.  Between two codes |f'|
+    is monotone for every function tabulated (erf's extremum, at 0, is a
+    code), so the codes' largest is the range's; for log, sqrt and 1/x the
+    bound holds for float values at least one input step from 0."""
+    from .quantize import TAB_DERIV, TAB_DOMAIN, QParams, tab_ideal
+
+    sx, zx = a["in"]
+    qx, qy = QParams(sx, zx), QParams(*a["out"])
+    ext = int(min(math.ceil(ex / sx), 65536)) if math.isfinite(ex) else 65536
+    codes = np.arange(lo - ext, hi + ext + 1, dtype=np.int64)
+    r = (codes - zx) * sx
+    ok = TAB_DOMAIN.get(a["fn"], lambda v: np.ones(v.shape, bool))(r)
+    y = tab_ideal(a["fn"], codes, qx, qy)
+    ok &= np.isfinite(y) & (y >= -32768) & (y <= 32767)
+    with np.errstate(all="ignore"):
+        d = np.abs(TAB_DERIV[a["fn"]](r[ok]))
+    return float(d.max(initial=0.0))
 
 
 def _requant_error(acc_max: float, mult, shift, scale) -> np.ndarray:
@@ -174,6 +201,24 @@ def error_bound(g: Graph, info) -> Graph:
                 steps = float(_requant_error(dev, a["mult"], a["shift"], a["scale"]).max())
                 req = LIPSCHITZ[a["fn"]] * steps * step_in + lut_error(a["fn"])
                 E[y] = LIPSCHITZ[a["fn"]] * ex + req
+        elif op.kind == "qlin" and a.get("prod"):
+            # a b - a' b' = a E_b + b E_a + E_a E_b (the real operands' reach
+            # A, B), half an output step, and the multiplier's error over
+            # the product's reach
+            b = op.inputs[1]
+            da = max(abs(xl - a["za"]), abs(xh - a["za"]))
+            db = max(abs(iv[b][0] - a["zb"]), abs(iv[b][1] - a["zb"]))
+            ea, eb = float(np.max(E[x])), float(np.max(E[b]))
+            A, B = da * sx, db * scale_of(b)
+            req = scale_of(y) * float(_requant_error(da * db, a["ma"], a["shift"],
+                                                     a["scale"]).max())
+            E[y] = A * eb + B * ea + ea * eb + req
+        elif op.kind == "qtab":
+            # the table's own error, and the function's steepest slope over
+            # the input codes within the input's error of its proven range
+            # where the exact result lies inside the output's encoding
+            req = a["err"] * a["out"][0]
+            E[y] = tab_lipschitz(a, xl, xh, float(np.max(E[x]))) * E[x] + req
         elif op.kind == "qlin":
             # the operands' errors times their coefficients, half an output
             # step, and each integer multiplier's and offset's rounding (at

@@ -153,9 +153,14 @@ def elementwise_expr(op, out: DType) -> str:
 
 def qlin_expr(a: dict) -> str:
     """A qlin's C expression (kmlc.ops: qlin): kml_fixed.h's kml_qlin, a
-    constant table as the multiplier (table "mult") or the offset."""
+    constant table as the multiplier (table "mult") or the offset; a
+    product's kml_qmul."""
+    if a.get("prod"):
+        return (f"kml_qmul({{a}}, {a['za']}, {{b}}, {a['zb']}, {a['ma']}, {a['shift']}, {a['zp']}, "
+                "&sat)")
     t = a.get("table")
-    terms = ("{a}", a["za"], "{b}", 0, 0, 0) if t == "mult" else \
+    terms = ("{a}", a["za"], a["ma"], 0, 0, 0) if "zb" not in a and t is None else \
+        ("{a}", a["za"], "{b}", 0, 0, 0) if t == "mult" else \
         ("{a}", a["za"], a["ma"], "{b}", 0, 1) if t == "offset" else \
         ("{a}", a["za"], a["ma"], "{b}", a["zb"], a["mb"])
     return "kml_qlin(" + ", ".join(map(str, terms)) + f", {a['shift']}, {a['zp']}, &sat)"
@@ -580,6 +585,12 @@ class _Lowering:
                 self.trees(op, y)
             elif op.kind == "qlin":
                 self.ewise(op, y, expr=qlin_expr(op.attrs), counts=True)
+            elif op.kind == "qtab":
+                a = op.attrs
+                self.kernel("qtab", op, {"x": self.operand(x, "x"),
+                                         "t": self.const(op.inputs[1], "tab"), "y": y},
+                            n=x.type.numel, **{k: a[k] for k in ("fn", "o", "down", "m", "k",
+                                                                 "umax", "err")})
             elif op.kind == "qact":
                 self.kernel("qact", op, {"x": self.operand(x, "x"), "y": y}, n=x.type.numel,
                             counts=op.attrs["mode"] in ("leaky", "neg", "abs", "requant"),

@@ -26,6 +26,11 @@ Guarantees about the graph it returns (docs/numerics.md, "Fixed point"):
     its sums are exact int64 (int16 activations, or int32 outputs, at a
     calibrated scale where another op or the caller reads them, class
     decisions on the sums themselves);
+  * a product of two activations is one kml_qmul into the output's
+    calibrated encoding, a quotient a product by the divisor's reciprocal;
+    exp, log, sqrt, erf and 1/x of an activation are one kml_tab, a table
+    of the function's encoded values checked over every int16 input code
+    (``tab_table``: its worst error is the op's ``err``);
   * every requantization is recorded as a real scale (``scale`` attributes);
     passes/bound_ranges.py turns scales into integer multipliers once it has
     proven the accumulator ranges.
@@ -33,6 +38,7 @@ Ops fixed point cannot express raise ``KmlcError`` naming the node.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -41,8 +47,9 @@ from ..calibrate import Calibration
 from ..errors import KmlcError
 from ..ir import BOOL, DTYPES, F32, I8, I16, I32, I64, Graph, Op, TensorType, Value, const, \
     fresh_namer
-from ..qmath import LUT_FUNCS, round_shift
+from ..qmath import LUT_FUNCS, round_shift, tab, tab_index, tab_starts
 
+F32_MAX = float(np.finfo(np.float32).max)
 # Every activation's int16 encoding spans HEADROOM times its calibrated
 # range around zero, so that inputs up to 10x beyond calibration move the
 # hidden layers without saturating them (the decisions of Heimdall's
@@ -60,6 +67,26 @@ ZERO_COLUMN_BITS = 30
 # A tree ensemble's exact sums stay within 2^TREE_BITS: 2^-40 of their
 # largest value per step, and 22 multiplier bits left to requantize them.
 TREE_BITS = 40
+# Functions of one activation that fixed point computes by a table of
+# their encoded values on the input's int16 grid (qtab), and the functions'
+# derivatives (passes/error_bound.py).  Outside its domain a function takes
+# its value at the domain's edge: sqrt 0, log -inf (the output's lowest
+# code); ONNX gives NaN there, which no integer holds.
+TAB_FUNCS = {"exp": np.exp, "log": lambda r: np.log(np.maximum(r, 0.0)),
+             "sqrt": lambda r: np.sqrt(np.maximum(r, 0.0)),
+             "erf": np.vectorize(math.erf, otypes=[np.float64]),
+             "reciprocal": lambda r: 1.0 / r}
+TAB_DERIV = {"exp": np.exp, "log": lambda r: 1.0 / r, "sqrt": lambda r: 0.5 / np.sqrt(r),
+             "erf": lambda r: 2.0 / math.sqrt(math.pi) * np.exp(-r * r),
+             "reciprocal": lambda r: -1.0 / (r * r)}
+# where the derivative is defined: log and sqrt for r > 0, 1/r for r != 0
+TAB_DOMAIN = {"log": lambda r: r > 0, "sqrt": lambda r: r > 0, "reciprocal": lambda r: r != 0}
+# A table has at most TAB_MAX segments (2 KiB of int16), and the fewest
+# 2^k wide whose result stays within TAB_TARGET output steps of the exact
+# encoded value on every input code (half a step of it the entries' own
+# rounding).
+TAB_MAX = 1024
+TAB_TARGET = 1.0
 SUPPORTED_FIXED = ("dense (MatMul/Gemm + bias)", "tree ensembles on graph inputs", "Relu",
                    "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Floor/Ceil/Round", "Abs/Neg",
                    "Softmax", "ArgMax", "Reshape/Flatten/Identity", "comparisons with a constant",
@@ -67,7 +94,8 @@ SUPPORTED_FIXED = ("dense (MatMul/Gemm + bias)", "tree ensembles on graph inputs
                    "and bools, and of an integer input to float", "Transpose, Slice, Split, "
                    "Expand, Concat, ReduceMax and ReduceMin of values on one scale",
                    "Gather by integer indices", "ReduceSum and ReduceMean (as a dense layer)",
-                   "Add and Sub of activations and constants, Mul and Div by constants")
+                   "Add, Sub, Mul and Div of activations and constants (a quotient by an "
+                   "activation of one sign)", "Exp, Log, Sqrt, Erf and Reciprocal (by a table)")
 
 
 def same_scale(*qs) -> bool:
@@ -162,6 +190,20 @@ def layer_name(op: Op) -> str:
     Gemm node."""
     return next((o for o in op.origin if o.endswith(("(Gemm)", "(MatMul)"))),
                 op.origin[0] if op.origin else op.kind)
+
+
+def layer_names(ops: list[Op]) -> list[str]:
+    """Dense layers' names, in order: ``layer_name``, then " #2", " #3",
+    ... after a name an earlier layer has (one ONNX node lowered to
+    several layers: LayerNormalization's two means), so that widths and
+    pinned formats name each layer once."""
+    seen: dict[str, int] = {}
+    out = []
+    for op in ops:
+        n = layer_name(op)
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n} #{seen[n]}")
+    return out
 
 
 def _check_alpha(op: Op, alpha: float) -> None:
@@ -284,14 +326,89 @@ def clip_bounds(q: QParams, mn: float, mx: float) -> tuple[int, int]:
 
 def activation_params(lo: float, hi: float, headroom: float) -> QParams:
     """int16 scale and zero point for values calibrated in [lo, hi]: the
-    encoding spans [headroom * min(lo, 0), headroom * max(hi, 0)]."""
+    encoding spans [headroom * min(lo, 0), headroom * max(hi, 0)], within
+    float32's range (what a float model's value can reach, and what an
+    output decodes to)."""
     span = max(hi, 0.0) - min(lo, 0.0)
-    lo, hi = headroom * min(lo, 0.0), headroom * max(hi, 0.0)
+    lo, hi = max(headroom * min(lo, 0.0), -F32_MAX), min(headroom * max(hi, 0.0), F32_MAX)
     if hi - lo <= 0:
         hi = lo + 1.0
     scale = (hi - lo) / 65535
     zp = int(np.clip(round(-32768 - lo / scale), -32768, 32767))
     return QParams(scale, zp, span=span)
+
+
+def tab_ideal(fn: str, codes: np.ndarray, qx: QParams, qy: QParams) -> np.ndarray:
+    """fn of the real values of int16 codes ``codes`` (scale and zero
+    point ``qx``), in output codes of ``qy``, unrounded (inf, -inf where
+    the function is)."""
+    with np.errstate(all="ignore"):
+        return TAB_FUNCS[fn]((codes - qx.zp) * qx.scale) / qy.scale + qy.zp
+
+
+def tab_window(c: np.ndarray) -> tuple[int, int]:
+    """The indices [a, b] of the codes where a function, encoded and
+    saturated (``c``), is not flat: every value before a is within half a
+    step of c[a], every value after b within half a step of c[b] (a
+    saturated end, erf's tails, a square root's or a logarithm's edge), so
+    a table need only span [a, b] and hold its ends beyond."""
+    lo_max, lo_min = np.maximum.accumulate(c), np.minimum.accumulate(c)
+    hi_max, hi_min = np.maximum.accumulate(c[::-1])[::-1], np.minimum.accumulate(c[::-1])[::-1]
+    a = int(np.flatnonzero(lo_max - lo_min <= 0.5)[-1])
+    b = int(np.flatnonzero(hi_max - hi_min <= 0.5)[0])
+    return (a, max(a, b))
+
+
+def tab_layouts(x0: int, x1: int):
+    """kml_tab's candidate layouts for the input codes [x0, x1]: the origin
+    at either end; segments 2^k wide throughout (m = 16 - k), or 2^k wide
+    then 2^m to an octave (dense near the origin)."""
+    umax = x1 - x0
+    for o, down in ((x0, False), (x1, True)):
+        for m in range(3, 17):
+            for k in range(0, 17 - m):
+                if m + k < 16 and (m > 10 or (umax >> (m + k)) == 0):
+                    continue                   # the same segments as m = 16 - k
+                count = int(tab_index(np.array([umax]), m, k)[0][0]) + 2
+                if count <= TAB_MAX + 1:
+                    yield o, down, m, k, umax, count
+
+
+def tab_table(fn: str, qx: QParams, qy: QParams) -> dict:
+    """The table of ``fn`` over the input codes [qx.lo, qx.hi] (kml_tab):
+    entries at each segment's start rounded and saturated to int16, over
+    the codes where ``fn`` is not flat (tab_window); of the layouts
+    (tab_layouts), the one with the fewest entries within
+    TAB_TARGET output steps of the exact value, else the one closest to it,
+    the error measured over every input code whose exact value lies inside
+    the output's encoding (the others saturate, and count as beyond it)."""
+    codes = np.arange(qx.lo, qx.hi + 1, dtype=np.int64)
+    ideal = tab_ideal(fn, codes, qx, qy)
+    inside = np.isfinite(ideal) & (ideal >= -32768) & (ideal <= 32767)
+    a, b = tab_window(np.clip(np.nan_to_num(ideal, nan=-32768.0), -32768, 32767))
+    x0, x1 = qx.lo + a, qx.lo + b
+    codes, ideal = codes[inside], ideal[inside]
+
+    def error(c, on=slice(None)):
+        return float(np.abs(tab(c["table"], codes[on], c["o"], c["down"], c["m"], c["k"],
+                                c["umax"]) - ideal[on]).max(initial=0.0))
+
+    best = None
+    for o, down, m, k, umax, count in sorted(tab_layouts(x0, x1), key=lambda c: c[-1]):
+        u = tab_starts(count, m, k)
+        e = tab_ideal(fn, o - u if down else o + u, qx, qy)
+        t = np.clip(np.nan_to_num(np.round(e), nan=-32768.0, posinf=32767.0, neginf=-32768.0),
+                    -32768, 32767).astype(np.int16)
+        c = {"o": o, "down": down, "m": m, "k": k, "umax": umax, "table": t}
+        c["err"] = error(c, slice(None, None, 13))    # a lower bound of the whole error
+        if c["err"] <= TAB_TARGET:
+            c["err"] = error(c)
+        if best is None or c["err"] < best["err"]:
+            best = c
+        if c["err"] <= TAB_TARGET:
+            break
+    best["err"] = error(best)           # over every input code
+    return best
 
 
 def tree_leaves(nxt: np.ndarray, root: np.ndarray, branches: int) -> list[list[int]]:
@@ -477,16 +594,48 @@ class _Quantizer:
             _fail(op, "a comparison of two values on different scales")
         self.emit("compare", [aq, bq], {"cmp": cmp}, op.origin, op.output, EXACT, dtype=BOOL)
 
+    def one_scale(self, op: Op, vals: list[Value], like: QParams | None):
+        """The operands of a choice or a copy on one encoding: their own
+        when they share one (a float constant rounded to it), else each
+        activation requantized (a qlin of one operand: one rounding) to an
+        encoding of the hull of their calibrated ranges, and constants
+        rounded to it; exact integers beside activations, and graph inputs,
+        are refused."""
+        got = [self.operand(op, v, like) for v in vals]
+        if same_scale(*(q for _, q in got)):
+            return got
+        if not all(isinstance(q, QParams) for _, q in got):
+            _fail(op, f"{op.kind} of integers and fixed-point values together")
+        # the hull of the operands' calibrated ranges, so that no operand
+        # saturates where its own encoding would not (a Max's smaller one)
+        ends = [self.range(v) if not v.is_const else (float(v.data.min()), float(v.data.max()))
+                for v in vals]
+        q = activation_params(min(e[0] for e in ends), max(e[1] for e in ends),
+                              self.opts.headroom)
+        out = []
+        for v, (vq, qv) in zip(vals, got):
+            if v.is_const:
+                out.append(self.operand(op, v, q))
+                continue
+            m = qv.scale / q.scale
+            shift = int(np.clip(29 - np.floor(np.log2(m)), 0, 62))
+            r = Value(self.fresh(f"{vq.name}_to_{op.output.name}"), TensorType(I16, v.type.shape))
+            attrs = {"za": qv.zp, "ma": int(np.round(m * 2.0 ** shift)), "shift": shift,
+                     "zp": q.zp, "coef": [1.0]}
+            self.ops.append(Op("qlin", [vq], [r], attrs, op.origin))
+            self.info.params[r] = q
+            out.append((r, q))
+        return out
+
     def select(self, op: Op) -> None:
         """Where, Max, Min: the result keeps its operands' scale (a float
-        constant is rounded to it); values on two scales are refused."""
+        constant is rounded to it), or the output's own when they have two
+        (``one_scale``)."""
         vals = op.inputs[1:] if op.kind == "where" else op.inputs
         like = self.runtime_q(op)
         if like is None and any(v.is_const and v.type.dtype == F32 for v in vals):
             like = activation_params(*self.range(op.output), self.opts.headroom)
-        got = [self.operand(op, v, like) for v in vals]
-        if not same_scale(*(q for _, q in got)):
-            _fail(op, f"{op.kind} of values on different scales")
+        got = self.one_scale(op, vals, like)
         q = got[0][1]
         if q is not EXACT:               # the hull of the operands' proven ranges
             q = QParams(q.scale, q.zp, min(g.lo for _, g in got), max(g.hi for _, g in got))
@@ -500,18 +649,14 @@ class _Quantizer:
     def move(self, op: Op) -> None:
         """Transpose, Slice, Expand, Concat (copies) and ReduceMax/Min (a
         choice among its operand's values): the result keeps the encoding
-        of its operands, which must share one (a float constant is rounded
-        to it); activations on two scales, and graph inputs (each feature
-        has its own encoding, folded into the first dense layer), are
-        refused."""
+        of its operands when they share one (a float constant is rounded
+        to it), else the output's own (``one_scale``); graph inputs (each
+        feature has its own encoding, folded into the first dense layer)
+        are refused."""
         if op.kind == "reduce" and op.attrs["fn"] not in ("max", "min"):
-            _fail(op, f"a reduction by {op.attrs['fn']} (fixed point multiplies activations "
-                  "only by constant weights)")
-        like = self.runtime_q(op)
-        got = [self.operand(op, v, like) for v in op.inputs]
-        if not same_scale(*(q for _, q in got)):
-            _fail(op, f"{op.kind} of values on different scales (a dense layer between "
-                  "them gives one)")
+            _fail(op, f"a reduction by {op.attrs['fn']} (its partial products have no "
+                  "calibrated range to encode them in)")
+        got = self.one_scale(op, op.inputs, self.runtime_q(op))
         q = got[0][1]
         if q is not EXACT:
             q = QParams(q.scale, q.zp, min(g.lo for _, g in got), max(g.hi for _, g in got))
@@ -553,21 +698,23 @@ class _Quantizer:
         -1, a constant's element or its reciprocal) and C = c / s_y * 2^S
         for an added constant, each rounded to an integer, S the largest
         with every |M_k| < 2^30 (docs/numerics.md, "Arithmetic").  A
-        product or quotient of two runtime values is refused."""
+        product or quotient of two activations is ``product``'s."""
         a, b = op.inputs
         kind = op.kind
         if not a.is_const and not b.is_const:
             if kind in ("mul", "div"):
-                _fail(op, f"a {'product' if kind == 'mul' else 'quotient'} of two runtime "
-                      "values (fixed point multiplies activations only by constants)")
+                self.product(op)
+                return
             (aq, qa), (bq, qb) = self.per_tensor(op, a), self.per_tensor(op, b)
             coef = [(aq, qa, 1.0), (bq, qb, 1.0 if kind == "add" else -1.0)]
             table = None
         else:
             x, c = (b, a) if a.is_const else (a, b)
-            if kind == "div" and a.is_const:
-                _fail(op, "a division by a runtime value")
-            xq, qx = self.per_tensor(op, x)
+            if kind == "div" and a.is_const:      # c / x: c times x's reciprocal
+                xq, qx = self.reciprocal(op, x)
+                kind = "mul"
+            else:
+                xq, qx = self.per_tensor(op, x)
             cv = c.data.astype(np.float64)
             if kind in ("mul", "div"):
                 if kind == "div" and np.any(cv == 0):
@@ -598,6 +745,69 @@ class _Quantizer:
                 ins.append(coef[1][0])
                 attrs.update(zb=coef[1][1].zp, mb=int(m[1]))
         self.emit("qlin", ins, attrs, op.origin, op.output, q)
+
+    def product(self, op: Op) -> None:
+        """a * b and a / b of two activations: one kml_qmul, y = round((a -
+        za) * (b - zb) * M / 2^S) + zp_y, M = s_a * s_b / s_y * 2^S rounded,
+        S the largest with M < 2^30; a quotient multiplies by b's
+        reciprocal, a table (``function``) whose encoding spans the
+        calibrated reciprocals (``reciprocal``)."""
+        a, b = op.inputs
+        aq, qa = self.per_tensor(op, a)
+        bq, qb = self.reciprocal(op, b) if op.kind == "div" else self.per_tensor(op, b)
+        q = activation_params(*self.range(op.output), self.opts.headroom)
+        exact = qa.scale * qb.scale / q.scale
+        shift = int(np.clip(29 - np.floor(np.log2(exact)), 0, 62))
+        attrs = {"prod": True, "za": qa.zp, "zb": qb.zp, "ma": int(np.round(exact * 2.0 ** shift)),
+                 "shift": shift, "zp": q.zp, "scale": exact}
+        self.emit("qlin", [aq, bq], attrs, op.origin, op.output, q)
+
+    def reciprocal(self, op: Op, b: Value):
+        """1 / b, a divisor, by a table into an encoding that spans its
+        calibrated values (which must keep one sign)."""
+        def calibrated():
+            s = self.cal.samples[b]
+            if not (np.all(s > 0) or np.all(s < 0)):
+                _fail(op, "a quotient by a value whose calibrated range reaches 0 (its "
+                      "reciprocal has no bounded encoding)")
+            return float((1.0 / s).min()), float((1.0 / s).max())
+
+        rng = self.derived_range(f"{b.name}:reciprocal", calibrated)
+        like = Value(self.fresh(f"{b.name}_recip"), b.type)   # named by no float value
+        return self.function(op, b, "reciprocal", activation_params(*rng, self.opts.headroom),
+                             like)
+
+    def derived_range(self, key: str, compute) -> tuple[float, float]:
+        """The range of an intermediate the float graph does not name,
+        recorded under ``key`` (and replayed from a compiled model's)."""
+        pins = self.opts.pinned
+        got = pins.get("ranges", {}).get(key) if pins is not None else None
+        if pins is not None and got is None:
+            raise KmlcError(f"{key} has no recorded range in the compiled model: its graph "
+                            "differs")
+        lo, hi = got if got is not None else compute()
+        self.info.formats["ranges"][key] = [float(lo), float(hi)]
+        return float(lo), float(hi)
+
+    def function(self, op: Op, x: Value, fn: str, q: QParams | None = None,
+                 like: Value | None = None):
+        """exp, log, sqrt, erf or 1/x of an activation by a table of its
+        encoded values (tab_table; kml_tab), into ``q`` (default: the
+        output's calibrated encoding) as ``like`` (default: the output)."""
+        xq, qx = self.per_tensor(op, x)
+        q = q or activation_params(*self.range(op.output), self.opts.headroom)
+        t = tab_table(fn, qx, q)
+        lo, hi = int(t["table"].min()), int(t["table"].max())
+        attrs = {"fn": fn, **{k: t[k] for k in ("o", "down", "m", "k", "umax", "err")},
+                 "in": [qx.scale, qx.zp], "out": [q.scale, q.zp]}
+        table = const(self.fresh(f"{(like or op.output).name}_tab"), t["table"])
+        q = QParams(q.scale, q.zp, lo, hi, q.span)
+        if like is None:
+            return self.emit("qtab", [xq, table], attrs, op.origin, op.output, q), q
+        out = Value(self.fresh(f"{like.name}_q"), TensorType(I16, like.type.shape))
+        self.ops.append(Op("qtab", [xq, table], [out], attrs, op.origin))
+        self.info.params[out] = q
+        return out, q
 
     def copied(self, out: Value, ins: list[Value]) -> None:
         """Records ``out`` as a copy of graph input integers (a slice,
@@ -822,9 +1032,9 @@ class _Quantizer:
         attrs["shape"] = list(op.output.type.shape)
         pin = (self.opts.pinned or {}).get("dense", {})
         if pin:
-            if layer_name(op) not in pin:
+            if self.layer[id(op)] not in pin:
                 _fail(op, "a dense layer the compiled model does not have")
-            attrs["acc_pin"], attrs["wide_pin"] = pin[layer_name(op)]
+            attrs["acc_pin"], attrs["wide_pin"] = pin[self.layer[id(op)]]
         weff = wq * sw                              # the weights the integers stand for
         rec = {"w_abs": np.abs(weff), "w_err": np.abs(weff - wf), "b_err": sa / 2,
                "lipschitz": max(1.0, abs(params.get("alpha", 1.0))) if act == "leaky_relu"
@@ -836,7 +1046,7 @@ class _Quantizer:
         self.info.dense_error[out] = rec
 
     def weights(self, op: Op, wf: np.ndarray, xs: np.ndarray):
-        node = layer_name(op)
+        node = self.layer[id(op)]
         ref = xs @ wf
         q8, s8 = quantize_weights(wf, 8)
         self.info.sqnr_int8[node] = sqnr_db(ref, xs @ (q8 * s8))
@@ -897,6 +1107,8 @@ class _Quantizer:
         self.narrowed: dict = {}
         self.wide: set[Value] = set()   # tree ensembles' int64 sums (and their reshapes)
         self.input_copies: set[Value] = set()   # graph input integers moved (copied)
+        dense = [op for op in g.ops if op.kind == "dense"]
+        self.layer = {id(op): n for op, n in zip(dense, layer_names(dense))}
         inputs = [self.input(v) for v in g.inputs]
         self.graph_inputs = set(inputs)
         for op in g.ops:
@@ -930,6 +1142,8 @@ class _Quantizer:
                                          "scale": qx.scale / q.scale}, op.origin, op.output, q)
             elif op.kind in ("floor", "ceil", "round"):
                 self.rounding(op)
+            elif op.kind in TAB_FUNCS:
+                self.function(op, op.inputs[0], op.kind)
             elif op.kind in ("transpose", "slice", "expand", "concat", "reduce"):
                 self.move(op)
             elif op.kind == "gather":

@@ -17,7 +17,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import check_refused, float_bound_holds, make_model
+from conftest import check_refused, fixed_math, float_bound_holds, make_model
 from kmlc.api import compile as kcompile, load
 from kmlc.frontends.onnx import load as load_graph
 from kmlc.ops import interpret
@@ -358,8 +358,8 @@ def test_fixed_point_arithmetic_on_activations(tmp_path):
     """Add, Sub, Sum and Mean of activations, Mul and Div by constants, a
     kept BatchNormalization: one linear kernel each (an integer multiplier
     per operand, one rounding), every output within the compiler's own
-    error bound of onnxruntime's on fresh rows; a product or quotient of
-    two runtime values is refused in one line."""
+    error bound of onnxruntime's on fresh rows; a quotient by a value whose
+    calibrated range reaches 0 is refused in one line."""
     m = fixed_arithmetic()
     onnx.checker.check_model(m, full_check=True)
     rng = np.random.default_rng(7)
@@ -377,14 +377,79 @@ def test_fixed_point_arithmetic_on_activations(tmp_path):
     n = helper.make_node
     cal = rng.normal(size=(64, 3)).astype(np.float32)
     from kmlc.errors import KmlcError
-    for op, ins, why in (("Mul", ["r", "r"], "product of two runtime values"),
-                         ("Div", ["two", "h"], "division by a runtime value")):
+    why = "quotient by a value whose calibrated range reaches 0"
+    for op, ins in (("Div", ["two", "h"]), ("Div", ["r", "h"])):
         bad = make_model([n("Gemm", ["x", "w", "b"], ["h"], transB=1), n("Relu", ["h"], ["r"]),
                           n(op, ins, ["y"], name="bad")], [("x", [1, 3])], [("y", [1, 2])],
                          {"w": np.ones((2, 3), np.float32), "b": np.ones(2, np.float32),
                           "two": np.float32(2)})
         with pytest.raises(KmlcError, match=f"bad.*{why}"):
-            kcompile(bad, tmp_path / op, targets="user", numerics="fixed", calibration=cal)
+            kcompile(bad, tmp_path / ins[0], targets="user", numerics="fixed", calibration=cal)
+
+
+def test_fixed_point_functions_and_products_of_activations(tmp_path):
+    """Exp, Log, Sqrt, Erf and Reciprocal by tables (kml_tab), products and
+    quotients of activations (kml_qmul), LayerNormalization and Gelu: every
+    output within the compiler's own error bound of onnxruntime's on fresh
+    rows whose activations stay inside their encodings (the errors within
+    1% of the output's largest value, the bounds within 2% of it for
+    functions with bounded slopes over their inputs' proven ranges: not 1/x
+    or exp, and not composites of them); the tables chosen are small; a
+    retrained model packs for it."""
+    m = fixed_math()
+    onnx.checker.check_model(m, full_check=True)
+    rng = np.random.default_rng(7)
+    cal = rng.normal(size=(1000, 4)).astype(np.float32)
+    res = kcompile(m, tmp_path / "fx", targets="user", numerics="fixed", calibration=cal)
+    report = (tmp_path / "fx" / "report.txt").read_text()
+    assert report.count("kml_qmul(") == 9 and report.count(" qtab(") == 17, report
+    rows = rng.normal(size=(2000, 4)).astype(np.float32)
+    twin = load(tmp_path / "fx")
+    got = twin.run_named(rows)
+    # the bound holds where no activation left its encoding (a value below
+    # an encoding that calibration put at 0 and up saturates there): almost
+    # every row
+    inside = twin.last_saturations.reshape(-1) == 0
+    assert inside.mean() > 0.99, inside.mean()
+    sess = ort.InferenceSession(m.SerializeToString())
+    want = dict(zip([o.name for o in m.graph.output],
+                    [np.concatenate(z) for z in zip(*[sess.run(None, {"x": r[None]})
+                                                      for r in rows])]))
+    bounds = {o["name"]: o["error_bound"] for o in res.manifest["fixed"]["outputs"]}
+    for name, b in want.items():
+        a = got[name].reshape(b.shape)
+        err = np.abs(a - b)[inside].max()
+        assert 0 < err <= bounds[name], (name, err, bounds[name])
+        assert err < 0.01 * np.abs(b).max(), (name, err, np.abs(b).max())
+        if name in ("l", "s", "er", "p", "sq", "gelu", "ls", "lse", "mx", "cc"):
+            assert bounds[name] < 0.02 * np.abs(b).max(), (name, bounds[name])
+    tables = [op for op in res.program.quant.int_graph.ops if op.kind == "qtab"]
+    assert len(tables) == 17 and all(op.inputs[1].type.numel <= 1025 for op in tables)
+    # retrained weights pack for it (LayerNormalization's two means are two
+    # layers of one node: each named once), and the twin runs them
+    from onnx import numpy_helper
+
+    from kmlc.api import pack
+    w1 = next(i for i in m.graph.initializer if i.name == "w1")
+    w1.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w1) * np.float32(1.05), "w1"))
+    pack(m, tmp_path / "fx", tmp_path / "new.kmlw", calibration=cal)
+    moved = load(tmp_path / "fx", weights=tmp_path / "new.kmlw").run_named(rows[:50])
+    assert not np.array_equal(moved["ls"], got["ls"][:50])
+    # beyond calibration, Sqrt of a negative value is 0 and Log of one the
+    # lowest code: the functions' values at their domains' edge (ONNX gives
+    # NaN; calibration itself refuses a NaN)
+    n = helper.make_node
+    neg = make_model([n("Gemm", ["x", "w", "b"], ["h"], transB=1), n("Sqrt", ["h"], ["s"]),
+                      n("Log", ["h"], ["l"])],
+                     [("x", [1, 1])], [("s", [1, 1]), ("l", [1, 1])],
+                     {"w": np.ones((1, 1), np.float32), "b": np.zeros(1, np.float32)})
+    kcompile(neg, tmp_path / "neg", targets="user", numerics="fixed",
+             calibration=np.linspace(0.1, 4, 200, dtype=np.float32)[:, None])
+    out = load(tmp_path / "neg").run_named(np.float32([[-3.0], [-0.5], [2.25]]))
+    assert out["s"].reshape(-1)[:2].tolist() == [0.0, 0.0]
+    assert abs(out["s"].reshape(-1)[2] - 1.5) < 0.01
+    assert np.all(out["l"].reshape(-1)[:2] <= -20) and abs(out["l"].reshape(-1)[2] - np.log(2.25)) \
+        < 0.01
 
 
 def test_fixed_point_never_wraps_a_sliced_integer_input(tmp_path):
@@ -409,11 +474,16 @@ def test_fixed_point_never_wraps_a_sliced_integer_input(tmp_path):
 def kernel_builds(tmp_path_factory):
     root = tmp_path_factory.mktemp("tensor_ops")
     out = {}
-    for name in ("features", "reductions", "movement", "norms", "embedding", "fixed", "arith"):
+    for name in ("features", "reductions", "movement", "norms", "embedding", "fixed", "arith",
+                 "math"):
         d = root / name
         if name == "fixed":      # gathers (with a zero point as fill) and sums as layers
             kcompile(fixed_pipeline(), d, name="t_fixed", targets="all", numerics="fixed",
                      calibration=fixed_pipeline_rows(2000))
+        elif name == "math":     # tables and products of activations
+            kcompile(fixed_math(), d, name="t_math", targets="all", numerics="fixed",
+                     calibration=np.random.default_rng(7).normal(size=(500, 4)).astype(
+                         np.float32))
         elif name == "arith":    # linear kernels of activations, counting saturations
             kcompile(fixed_arithmetic(), d, name="t_arith", targets="all", numerics="fixed",
                      calibration=np.random.default_rng(7).normal(size=(2000, 4)).astype(

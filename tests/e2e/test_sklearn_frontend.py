@@ -73,11 +73,22 @@ def test_what_it_cannot_take_is_one_line(tmp_path):
         kmlc.compile(LogisticRegression(), x, tmp_path / "a")          # not fitted
     with pytest.raises(KmlcError, match="no output directory given.*scikit-learn"):
         kmlc.compile(LogisticRegression().fit(x, y), tmp_path / "b")
-    three = (x[:, 0] > 0).astype(int) + (x[:, 1] > 5)
-    # skl2onnx writes a LinearClassifier, then an L1 Normalizer: a division
-    # by a runtime value, which fixed point does not compile
-    with pytest.raises(KmlcError, match=r"\(Normalizer\): a quotient of two runtime values"):
-        kmlc.compile(LogisticRegression().fit(x, three), x, tmp_path / "c", numerics="fixed",
-                     calibration=x)
-    for d in "abc":
+    for d in "ab":
         assert not (tmp_path / d).exists()
+
+
+def test_l1_normalized_scores_in_fixed_point(tmp_path):
+    """skl2onnx writes a multi-class LogisticRegression as a LinearClassifier
+    and an L1 Normalizer, a quotient by a runtime sum: fixed point takes it
+    (a reciprocal table and a product), its labels scikit-learn's on every
+    row, its probabilities within the compiler's error bound of
+    predict_proba's."""
+    x, y = data(300)
+    three = (x[:, 0] > 0).astype(int) + (x[:, 1] > 5)
+    lr = LogisticRegression().fit(x, three)
+    res = kmlc.compile(lr, x, tmp_path / "c", numerics="fixed", calibration=x, targets="user")
+    got = kmlc.load(tmp_path / "c").run_named(x)
+    assert np.array_equal(got["label"].reshape(-1), lr.predict(x))
+    bound = {o["name"]: o for o in res.manifest["fixed"]["outputs"]}["probabilities"]
+    err = np.abs(got["probabilities"].reshape(len(x), 3) - lr.predict_proba(x)).max()
+    assert 0 < err <= bound["error_bound"] + 1e-6 and err < 0.01, (err, bound)

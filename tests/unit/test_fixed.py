@@ -131,6 +131,26 @@ def test_zero_range_feature_is_computed(tmp_path):
     assert np.abs(b - ref).max() < np.abs(a - ref).max()
 
 
+def test_an_output_near_float32s_largest_decodes_finite(tmp_path):
+    """A bias of float32's largest value: the output's encoding, ten times
+    its calibrated range, is held within float32, so the twin decodes the
+    output to a finite value within the compiler's bound of onnxruntime's
+    (it decoded to inf, beyond any bound)."""
+    import onnxruntime as ort
+
+    big = np.float32(np.finfo(np.float32).max)
+    m = make_model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)],
+                   [("x", [1, 2])], [("y", [1, 2])],
+                   {"w": np.float32([[0.5, -0.25], [1, 1]]), "b": np.float32([big, 1])})
+    cal = sample_rows(200)[:, :2]
+    res = kcompile(m, tmp_path / "o", targets="user", numerics="fixed", calibration=cal)
+    got = load(tmp_path / "o").run(cal[:20]).reshape(20, 2)
+    want = np.concatenate([ort.InferenceSession(m.SerializeToString()).run(None, {"x": r[None]})[0]
+                           for r in cal[:20]])
+    bound = res.manifest["fixed"]["outputs"][0]["error_bound"]
+    assert np.isfinite(got).all() and np.abs(got - want).max() <= bound, (got[:2], want[:2])
+
+
 def test_inputs_beyond_the_calibrated_range_are_exact(tmp_path):
     """y = x - 15, calibrated on x in [0, 10] (so always y < 0): rows far
     beyond, up to the encoding's int32 limit, still decide as float does

@@ -47,6 +47,20 @@ void round_shift(const s64 *v, const u32 *shift, s64 *y, long n)
 	for (i = 0; i < n; i++)
 		y[i] = kml_round_shift(v[i], shift[i]);
 }
+void tab(const s16 *t, const s32 *x, const s32 *p, s32 *y, long n)
+{
+	long i;
+
+	for (i = 0; i < n; i++)
+		y[i] = kml_tab(t, x[i], p[0], p[1], p[2], p[3], p[4]);
+}
+void qmul(const s16 *a, const s16 *b, const s64 *p, s64 *y, u32 *sat, long m)
+{
+	long i;
+
+	for (i = 0; i < m; i++)
+		y[i] = kml_qmul(a[i], p[0], b[i], p[1], p[2], (unsigned int)p[3], p[4], sat);
+}
 """
 
 
@@ -107,6 +121,70 @@ def test_requant_matches_mirror_and_exact_rounding(lib):
         q, r = divmod(num, 1 << s)
         exact = q + (1 if s and 2 * r >= (1 << s) else 0)
         assert got == (-exact if a < 0 else exact)
+
+
+@pytest.mark.parametrize("o, down, m, k", [(-32768, 0, 0, 16), (-32768, 0, 10, 6),
+                                            (32767, 1, 16, 0), (-3000, 0, 5, 0),
+                                            (100, 1, 4, 3), (0, 0, 6, 2)])
+def test_tab_matches_mirror_and_its_segments(lib, o, down, m, k):
+    """kml_tab against its mirror on every int16 input, and against an
+    independent oracle: segments 2^k wide below 2^(m + k), 2^m equal ones
+    to an octave beyond; the value on the line between a segment's two
+    entries, its correction rounded half up on its magnitude (exact
+    rationals); u held in [0, umax]."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(m * 31 + k)
+    umax = (o + 32768) if down else (32767 - o)
+    count = int(qmath.tab_index(np.array([umax]), m, k)[0][0]) + 2
+    t = rng.integers(-32768, 32768, count).astype(np.int16)
+    t[:2] = [-32768, 32767]                    # the widest step there is
+    x = np.arange(-32768, 32768, dtype=np.int32)
+    y = np.empty(len(x), dtype=np.int32)
+    p = np.array([o, down, m, k, umax], dtype=np.int32)
+    lib.tab(ptr(t), ptr(x), ptr(p), ptr(y), ctypes.c_long(len(x)))
+    assert np.array_equal(y, qmath.tab(t, x, o, down, m, k, umax))
+    starts = qmath.tab_starts(count, m, k)
+    for xi in rng.choice(x, 3000).tolist() + [-32768, 32767, o]:
+        u = min(max((o - xi) if down else (xi - o), 0), umax)
+        if u < 1 << (m + k):
+            w = 1 << k
+            j = u // w
+        else:
+            e = u.bit_length() - 1
+            w = 1 << (e - m)
+            j = (1 << m) + (e - m - k) * (1 << m) + (u - (1 << e)) // w
+        assert starts[j] == u - u % w and (j + 1 == count or starts[j + 1] == starts[j] + w)
+        d = int(t[j + 1]) - int(t[j])
+        c = int(Fraction(abs(d) * (u % w), w) + Fraction(1, 2))
+        r = int(t[j]) + (c if d >= 0 else -c)
+        assert abs(r - (t[j] + Fraction(d * (u % w), w))) <= Fraction(1, 2)
+        assert y[xi + 32768] == r, (xi, u, j, w)
+
+
+def test_qmul_matches_mirror_and_exact_rounding(lib):
+    """kml_qmul at the compiler's limits (|a - za|, |b - zb| < 2^16, m <
+    2^30), against its mirror and exact rationals, saturations counted."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(3)
+    m = 100_000
+    a = rng.integers(-32768, 32768, m).astype(np.int16)
+    b = rng.integers(-32768, 32768, m).astype(np.int16)
+    a[:3], b[:3] = [-32768, 32767, -32768], [-32768, 32767, 32767]
+    for za, zb, mult, shift, zp in ((32767, -32768, 2**30 - 1, 60, -5),
+                                    (0, 0, 12345, 40, 0), (-7, 3, 1, 0, 0)):
+        p = np.array([za, zb, mult, shift, zp], dtype=np.int64)
+        y = np.empty(m, dtype=np.int64)
+        sat = ctypes.c_uint32(0)
+        lib.qmul(ptr(a), ptr(b), ptr(p), ptr(y), ctypes.byref(sat), ctypes.c_long(m))
+        v = qmath.qmul(a, za, b, zb, mult, shift, zp)
+        assert np.array_equal(y, np.clip(v, -32768, 32767))
+        assert sat.value == int(np.count_nonzero((v < -32768) | (v > 32767)))
+        for i in range(0, m, 97):
+            e = Fraction((int(a[i]) - za) * (int(b[i]) - zb) * mult, 1 << shift)
+            r = int(abs(e) + Fraction(1, 2)) * (1 if e >= 0 else -1) + zp
+            assert y[i] == min(max(r, -32768), 32767)
 
 
 def test_requant_wide_is_exact_for_any_accumulator(lib):

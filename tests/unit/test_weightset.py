@@ -12,7 +12,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from conftest import mlp_model
+from conftest import make_model, mlp_model
 from kmlc import weightset as ws
 from kmlc.api import compile as kcompile, load
 from kmlc.errors import KmlcError
@@ -190,15 +190,30 @@ def test_values_are_reproven_behind_a_valid_checksum(tmp_path):
         load(df).check_set(reseal(bf, at, np.float32(np.nan).tobytes()))
 
 
-@pytest.mark.parametrize("kind", ["float", "fixed", "no constants"])
+@pytest.mark.parametrize("kind", ["float", "fixed", "no constants", "zero layer"])
 def test_kunit_forgery_table_is_refused_by_the_twin(tmp_path, kind):
     """The KUnit suite's forgeries (weightset.corruption_cases), each refused
     by the same C for its own reason, here through the twin: a model with
     no constants too, whose set is the one-byte member "none" (no tail
-    padding to forge)."""
+    padding to forge), and a fixed model whose last layer's weights and
+    bias are all zero (its record's bound 0, forged up, not down: the
+    table could not be made for it)."""
     from onnx import TensorProto, helper
 
-    if kind == "no constants":
+    if kind == "zero layer":
+        rng = np.random.default_rng(3)
+        m = make_model([helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], transB=1),
+                        helper.make_node("Sigmoid", ["h"], ["a"]),
+                        helper.make_node("Gemm", ["a", "w1", "b1"], ["y"], transB=1)],
+                       [("x", [1, 3])], [("y", [1, 2])],
+                       {"w0": rng.normal(size=(4, 3)).astype(np.float32),
+                        "b0": np.zeros(4, np.float32), "w1": np.zeros((2, 4), np.float32),
+                        "b1": np.zeros(2, np.float32)})
+        d = tmp_path / "zero"
+        prog = kcompile(m, d, targets="user", name="wst", numerics="fixed",
+                        calibration=rng.normal(size=(64, 3)).astype(np.float32)).program
+        assert min(L["bound"] for L in ws.dense_layers(prog)) == 0
+    elif kind == "no constants":
         g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "noc",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
