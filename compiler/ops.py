@@ -815,7 +815,8 @@ OPS["qlin"] = OpDef("qlin", _qlin_infer, _qlin_eval)
 
 # qtab (x: i16, t: i16) {o, down, m, k, umax}: y = kml_tab(t, x, o, down, m,
 #   k, umax), a function of an activation (exp, log, sqrt, erf, reciprocal)
-#   by a table of its encoded values, linear between them.
+#   by a table of its encoded values, linear between them; with sat [A, B],
+#   an input outside it (its exact result beyond the encoding) is counted.
 
 def _qtab_infer(types, attrs):
     _need(types[0].dtype == I16 and types[1].dtype == I16, f"qtab of {types[0]}, {types[1]}")
@@ -827,6 +828,8 @@ def _qtab_infer(types, attrs):
 
 def _qtab_eval(xs, attrs):
     a = attrs
+    if a.get("sat"):          # inputs whose exact result lies beyond the encoding
+        _count(xs[0], *a["sat"])
     return [qmath.tab(xs[1], xs[0], a["o"], a["down"], a["m"], a["k"], a["umax"]
                       ).astype(np.int16)]
 

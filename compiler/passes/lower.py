@@ -589,8 +589,8 @@ class _Lowering:
                 a = op.attrs
                 self.kernel("qtab", op, {"x": self.operand(x, "x"),
                                          "t": self.const(op.inputs[1], "tab"), "y": y},
-                            n=x.type.numel, **{k: a[k] for k in ("fn", "o", "down", "m", "k",
-                                                                 "umax", "err")})
+                            n=x.type.numel, counts=bool(a.get("sat")), sat=a.get("sat"),
+                            **{k: a[k] for k in ("fn", "o", "down", "m", "k", "umax", "err")})
             elif op.kind == "qact":
                 self.kernel("qact", op, {"x": self.operand(x, "x"), "y": y}, n=x.type.numel,
                             counts=op.attrs["mode"] in ("leaky", "neg", "abs", "requant"),

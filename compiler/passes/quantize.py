@@ -408,6 +408,12 @@ def tab_table(fn: str, qx: QParams, qy: QParams) -> dict:
         if c["err"] <= TAB_TARGET:
             break
     best["err"] = error(best)           # over every input code
+    # the input codes whose exact value the encoding holds: one range for
+    # every function tabulated (a reciprocal's inputs keep one sign); the
+    # kernel counts the codes beyond it as saturations
+    a, b = (int(codes.min()), int(codes.max())) if len(codes) else (qx.hi + 1, qx.hi)
+    best["sat"] = [a if a > qx.lo else None, b if b < qx.hi else None] \
+        if a > qx.lo or b < qx.hi else None
     return best
 
 
@@ -795,10 +801,15 @@ class _Quantizer:
         encoded values (tab_table; kml_tab), into ``q`` (default: the
         output's calibrated encoding) as ``like`` (default: the output)."""
         xq, qx = self.per_tensor(op, x)
+        if fn == "reciprocal" and like is None:
+            s = self.cal.samples[x]
+            if not (np.all(s > 0) or np.all(s < 0)):
+                _fail(op, "a reciprocal of a value whose calibrated range reaches 0 (it has no "
+                      "bounded encoding)")
         q = q or activation_params(*self.range(op.output), self.opts.headroom)
         t = tab_table(fn, qx, q)
         lo, hi = int(t["table"].min()), int(t["table"].max())
-        attrs = {"fn": fn, **{k: t[k] for k in ("o", "down", "m", "k", "umax", "err")},
+        attrs = {"fn": fn, **{k: t[k] for k in ("o", "down", "m", "k", "umax", "err", "sat")},
                  "in": [qx.scale, qx.zp], "out": [q.scale, q.zp]}
         table = const(self.fresh(f"{(like or op.output).name}_tab"), t["table"])
         q = QParams(q.scale, q.zp, lo, hi, q.span)

@@ -425,6 +425,15 @@ def test_fixed_point_functions_and_products_of_activations(tmp_path):
             assert bounds[name] < 0.02 * np.abs(b).max(), (name, bounds[name])
     tables = [op for op in res.program.quant.int_graph.ops if op.kind == "qtab"]
     assert len(tables) == 17 and all(op.inputs[1].type.numel <= 1025 for op in tables)
+    # a row driving exp (and others) beyond their outputs' encodings: each
+    # value is counted, by the C as by the evaluator
+    from kmlc.ops import saturations
+    far = np.float32([[9, -9, 9, -9], [0.1, 0.2, -0.1, 0]])
+    twin.run(far)
+    g = res.program.quant.int_graph
+    want_sat = [saturations(g, r.reshape(g.inputs[0].type.shape)) for r in twin.encode(far)]
+    assert twin.last_saturations.reshape(-1).tolist() == want_sat and want_sat[0] > 0 \
+        and want_sat[1] == 0, want_sat
     # retrained weights pack for it (LayerNormalization's two means are two
     # layers of one node: each named once), and the twin runs them
     from onnx import numpy_helper
@@ -450,6 +459,18 @@ def test_fixed_point_functions_and_products_of_activations(tmp_path):
     assert abs(out["s"].reshape(-1)[2] - 1.5) < 0.01
     assert np.all(out["l"].reshape(-1)[:2] <= -20) and abs(out["l"].reshape(-1)[2] - np.log(2.25)) \
         < 0.01
+    # exp of a value its own encoding holds (10x calibration) but whose exp
+    # lies beyond exp's encoding: the table's result saturates, and that
+    # alone is counted
+    ex = make_model([n("Gemm", ["x", "w", "b"], ["h"], transB=1), n("Exp", ["h"], ["e"])],
+                    [("x", [1, 1])], [("e", [1, 1])],
+                    {"w": np.ones((1, 1), np.float32), "b": np.zeros(1, np.float32)})
+    kcompile(ex, tmp_path / "ex", targets="user", numerics="fixed",
+             calibration=np.linspace(0.1, 4, 200, dtype=np.float32)[:, None])
+    twin = load(tmp_path / "ex")
+    e = twin.run(np.float32([[3.0], [7.0]])).reshape(-1)
+    assert twin.last_saturations.reshape(-1).tolist() == [0, 1]
+    assert abs(e[0] - np.exp(3.0)) < 0.5 and e[1] < np.exp(7.0) / 1.5
 
 
 def test_fixed_point_never_wraps_a_sliced_integer_input(tmp_path):
