@@ -338,6 +338,13 @@ def activation_params(lo: float, hi: float, headroom: float) -> QParams:
     return QParams(scale, zp, span=span)
 
 
+def qlin_shift(largest: float) -> int:
+    """The largest requantization shift S (0..62) with every multiplier
+    round(m * 2^S) below 2^30, ``largest`` the greatest |m|
+    (docs/numerics.md, "Arithmetic")."""
+    return int(np.clip(29 - np.floor(np.log2(max(largest, 1e-300))), 0, 62))
+
+
 def tab_ideal(fn: str, codes: np.ndarray, qx: QParams, qy: QParams) -> np.ndarray:
     """fn of the real values of int16 codes ``codes`` (scale and zero
     point ``qx``), in output codes of ``qy``, unrounded (inf, -inf where
@@ -624,7 +631,7 @@ class _Quantizer:
                 out.append(self.operand(op, v, q))
                 continue
             m = qv.scale / q.scale
-            shift = int(np.clip(29 - np.floor(np.log2(m)), 0, 62))
+            shift = qlin_shift(m)
             r = Value(self.fresh(f"{vq.name}_to_{op.output.name}"), TensorType(I16, v.type.shape))
             attrs = {"za": qv.zp, "ma": int(np.round(m * 2.0 ** shift)), "shift": shift,
                      "zp": q.zp, "coef": [1.0]}
@@ -732,8 +739,7 @@ class _Quantizer:
                 cv = -cv if (kind == "sub" and not a.is_const) else cv
         q = activation_params(*self.range(op.output), self.opts.headroom)
         exact = [np.asarray(r, np.float64) * qk.scale / q.scale for _, qk, r in coef]
-        big = max(max(float(np.abs(e).max()) for e in exact), 1e-300)
-        shift = int(np.clip(29 - np.floor(np.log2(big)), 0, 62))
+        shift = qlin_shift(max(float(np.abs(e).max()) for e in exact))
         m = [np.round(e * 2.0 ** shift) for e in exact]
         attrs = {"za": coef[0][1].zp, "shift": shift, "zp": q.zp,
                  "coef": [float(np.abs(np.asarray(r, np.float64)).max()) for _, _, r in coef]}
@@ -763,7 +769,7 @@ class _Quantizer:
         bq, qb = self.reciprocal(op, b) if op.kind == "div" else self.per_tensor(op, b)
         q = activation_params(*self.range(op.output), self.opts.headroom)
         exact = qa.scale * qb.scale / q.scale
-        shift = int(np.clip(29 - np.floor(np.log2(exact)), 0, 62))
+        shift = qlin_shift(exact)
         attrs = {"prod": True, "za": qa.zp, "zb": qb.zp, "ma": int(np.round(exact * 2.0 ** shift)),
                  "shift": shift, "zp": q.zp, "scale": exact}
         self.emit("qlin", [aq, bq], attrs, op.origin, op.output, q)
@@ -772,16 +778,22 @@ class _Quantizer:
         """1 / b, a divisor, by a table into an encoding that spans its
         calibrated values (which must keep one sign)."""
         def calibrated():
-            s = self.cal.samples[b]
-            if not (np.all(s > 0) or np.all(s < 0)):
-                _fail(op, "a quotient by a value whose calibrated range reaches 0 (its "
-                      "reciprocal has no bounded encoding)")
+            s = self.one_sign(op, b, "a quotient by")
             return float((1.0 / s).min()), float((1.0 / s).max())
 
         rng = self.derived_range(f"{b.name}:reciprocal", calibrated)
         like = Value(self.fresh(f"{b.name}_recip"), b.type)   # named by no float value
         return self.function(op, b, "reciprocal", activation_params(*rng, self.opts.headroom),
                              like)
+
+    def one_sign(self, op: Op, v: Value, what: str) -> np.ndarray:
+        """``v``'s calibration samples, refused (naming ``op``) unless they
+        keep one sign: a reciprocal of them has a bounded encoding."""
+        s = self.cal.samples[v]
+        if not (np.all(s > 0) or np.all(s < 0)):
+            _fail(op, f"{what} a value whose calibrated range reaches 0 (1/x has no bounded "
+                  "encoding there)")
+        return s
 
     def derived_range(self, key: str, compute) -> tuple[float, float]:
         """The range of an intermediate the float graph does not name,
@@ -802,10 +814,7 @@ class _Quantizer:
         output's calibrated encoding) as ``like`` (default: the output)."""
         xq, qx = self.per_tensor(op, x)
         if fn == "reciprocal" and like is None:
-            s = self.cal.samples[x]
-            if not (np.all(s > 0) or np.all(s < 0)):
-                _fail(op, "a reciprocal of a value whose calibrated range reaches 0 (it has no "
-                      "bounded encoding)")
+            self.one_sign(op, x, "a reciprocal of")
         q = q or activation_params(*self.range(op.output), self.opts.headroom)
         t = tab_table(fn, qx, q)
         lo, hi = int(t["table"].min()), int(t["table"].max())

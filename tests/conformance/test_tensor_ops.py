@@ -358,8 +358,9 @@ def test_fixed_point_arithmetic_on_activations(tmp_path):
     """Add, Sub, Sum and Mean of activations, Mul and Div by constants, a
     kept BatchNormalization: one linear kernel each (an integer multiplier
     per operand, one rounding), every output within the compiler's own
-    error bound of onnxruntime's on fresh rows; a quotient by a value whose
-    calibrated range reaches 0 is refused in one line."""
+    error bound of onnxruntime's on fresh rows; a quotient by, or a
+    Reciprocal of, a value whose calibrated range reaches 0 is refused in
+    one line."""
     m = fixed_arithmetic()
     onnx.checker.check_model(m, full_check=True)
     rng = np.random.default_rng(7)
@@ -377,14 +378,16 @@ def test_fixed_point_arithmetic_on_activations(tmp_path):
     n = helper.make_node
     cal = rng.normal(size=(64, 3)).astype(np.float32)
     from kmlc.errors import KmlcError
-    why = "quotient by a value whose calibrated range reaches 0"
-    for op, ins in (("Div", ["two", "h"]), ("Div", ["r", "h"])):
+    why = "{} a value whose calibrated range reaches 0"
+    for op, ins, what in (("Div", ["two", "h"], "quotient by"), ("Div", ["r", "h"], "quotient by"),
+                          ("Reciprocal", ["h"], "reciprocal of")):
         bad = make_model([n("Gemm", ["x", "w", "b"], ["h"], transB=1), n("Relu", ["h"], ["r"]),
                           n(op, ins, ["y"], name="bad")], [("x", [1, 3])], [("y", [1, 2])],
                          {"w": np.ones((2, 3), np.float32), "b": np.ones(2, np.float32),
                           "two": np.float32(2)})
-        with pytest.raises(KmlcError, match=f"bad.*{why}"):
-            kcompile(bad, tmp_path / ins[0], targets="user", numerics="fixed", calibration=cal)
+        with pytest.raises(KmlcError, match=f"bad.*{why.format(what)}"):
+            kcompile(bad, tmp_path / (op + ins[0]), targets="user", numerics="fixed",
+                     calibration=cal)
 
 
 def test_fixed_point_functions_and_products_of_activations(tmp_path):
