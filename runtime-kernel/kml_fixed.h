@@ -144,7 +144,6 @@ static inline s64 kml_clamp(s64 v, s64 lo, s64 hi)
 	return v < lo ? lo : v > hi ? hi : v;
 }
 
-/* v saturated to s32, the input type of the table lookups. */
 /*
  * floor(v / 2^shift), |v| < 2^62, with no shift of a negative value: the
  * magnitude's quotient, rounded up for a negative v.
@@ -178,6 +177,7 @@ static inline s64 kml_round_q(s64 v, unsigned int shift)
 	return q;
 }
 
+/* v saturated to s32, the input type of the table lookups. */
 static inline s32 kml_sat_s32(s64 v)
 {
 	return (s32)kml_clamp(v, -2147483647LL - 1, 2147483647LL);
@@ -198,6 +198,19 @@ static inline s32 kml_sat_s32_n(s64 v, unsigned int *sat)
 static inline s64 kml_count16(s64 v, unsigned int *sat)
 {
 	*sat += v < -32768 || v > 32767;
+	return v;
+}
+
+/* The same for an encoding with one end only: a ReLU's, or a Clip's. */
+static inline s64 kml_count_above(s64 v, unsigned int *sat)
+{
+	*sat += v > 32767;
+	return v;
+}
+
+static inline s64 kml_count_below(s64 v, unsigned int *sat)
+{
+	*sat += v < -32768;
 	return v;
 }
 
@@ -286,19 +299,6 @@ static inline s32 kml_tab(const s16 *t, s32 x, s32 o, bool down, unsigned int m,
 	d = t1 >= t0 ? (u32)(t1 - t0) : (u32)(t0 - t1);
 	corr = (d * frac + ((1U << sh) >> 1)) >> sh;
 	return t1 >= t0 ? t0 + (s32)corr : t0 - (s32)corr;
-}
-
-/* The same for an encoding with one end only: a ReLU's, or a Clip's. */
-static inline s64 kml_count_above(s64 v, unsigned int *sat)
-{
-	*sat += v > 32767;
-	return v;
-}
-
-static inline s64 kml_count_below(s64 v, unsigned int *sat)
-{
-	*sat += v < -32768;
-	return v;
 }
 
 /*

@@ -15,10 +15,11 @@ OUT=${1:-$(mktemp -d /tmp/kmlc-ci-profile-XXXX)}
 mkdir -p "$OUT/bin"
 OUT=$(cd "$OUT" && pwd)
 : >"$OUT/tools.log"
+# The tool is looked up when it runs, on the PATH without the wrappers:
+# on a fresh machine the setup installs clang and qemu after this point.
 for t in make gcc clang qemu-system-x86_64 qemu-system-aarch64 aarch64-linux-gnu-gcc; do
-	real=$(command -v "$t") || continue
-	printf '#!/bin/sh\nexec /usr/bin/time -a -o %s -f "%s %%e %%U %%S" %s "$@"\n' \
-		"$OUT/tools.log" "$t" "$real" >"$OUT/bin/$t"
+	printf '#!/bin/sh\nreal=$(PATH=%s command -v %s) || exit 127\nexec /usr/bin/time -a -o %s -f "%s %%e %%U %%S" "$real" "$@"\n' \
+		"$PATH" "$t" "$OUT/tools.log" "$t" >"$OUT/bin/$t"
 	chmod +x "$OUT/bin/$t"
 done
 rm -rf "$OUT/clone"

@@ -132,7 +132,7 @@ def arm64_kdir(kdir=None) -> Path:
         if not (root / "ok").is_file():
             shutil.rmtree(root, ignore_errors=True)
             root.mkdir(parents=True)
-            _download(f"linux-headers-{release}:arm64", root)
+            download_package(f"linux-headers-{release}:arm64", root)
             # the host tools are this machine's linux-kbuild, the same version
             for link in ("scripts", "tools"):
                 target = os.readlink(tree / link)          # ../../lib/linux-kbuild-X/...
@@ -146,7 +146,7 @@ def arm64_kdir(kdir=None) -> Path:
     return tree
 
 
-def _download(pkg: str, dest: Path) -> None:
+def download_package(pkg: str, dest: Path) -> None:
     """apt-get download ``pkg`` and unpack it into ``dest`` (arm64 packages
     need ``dpkg --add-architecture arm64`` and apt-get update first)."""
     import tempfile

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 from ..errors import KmlcError
 from . import progress
-from .kernel import _download, arm64_kdir, find_kdir, installed_headers, kernel_config
+from .kernel import arm64_kdir, download_package, find_kdir, installed_headers, kernel_config
 from .kunit import cache_dir, locked, source_tree
 
 NAMES = ("6.1", "6.12", "rt", "debug")
@@ -132,7 +132,7 @@ def debian_image(release: str, arch: str = "x86_64") -> Path:
         if not (root / "ok").is_file():
             shutil.rmtree(root, ignore_errors=True)
             root.mkdir(parents=True)
-            _download(f"linux-image-{release}-unsigned{_FOREIGN.get(arch, '')}", root / "image")
+            download_package(f"linux-image-{release}-unsigned{_FOREIGN.get(arch, '')}", root / "image")
             _busybox(root, arch)
             (root / "ok").write_text(release + "\n")
     return root
@@ -142,7 +142,7 @@ _FOREIGN = {"arm64": ":arm64"}         # apt's spelling of another architecture'
 
 
 def _busybox(root: Path, arch: str = "x86_64") -> None:
-    _download(f"busybox-static{_FOREIGN.get(arch, '')}", root / "busybox")
+    download_package(f"busybox-static{_FOREIGN.get(arch, '')}", root / "busybox")
 
 
 # ---- the debug kernel ------------------------------------------------------------------

@@ -23,7 +23,6 @@ policy did (readahead per file, rsize per mount) is printed as INFO.
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import re
 import shutil
@@ -38,8 +37,9 @@ import numpy as np
 from ..errors import KmlcError
 from ..hooks.guard import PARAMS as GUARD_PARAMS
 from .kernel import CROSS, build_module, sign_module
-from .kernels import Kernel, Loops, release_of, resolve, signing_key  # noqa: F401  (release_of)
+from .kernels import Kernel, Loops, resolve, signing_key
 from .kunit import cache_dir, locked
+from .user import read_manifest
 
 TOOLS = Path(__file__).resolve().parent / "qemu_tools"
 # A scenario's Debian modules are found by name in the image's modules.order
@@ -254,13 +254,6 @@ def init_script(scenarios: list[Scenario], needed: list[str], debug: bool = Fals
     return "\n".join(lines) + "\n"
 
 
-def _manifest(outdir) -> dict:
-    man = Path(outdir) / "kmlc.json"
-    if not man.is_file():
-        raise KmlcError("not a kmlc output directory (no kmlc.json)", where=str(outdir))
-    return json.loads(man.read_text())
-
-
 def module_for(outdir: Path, kernel: Kernel, ko: Path | None = None) -> Path:
     """The model's module for ``kernel``: ``ko`` as built elsewhere (by
     DKMS, say), which must be built for this kernel's release, or else
@@ -292,7 +285,7 @@ def model_scenario(outdir: Path, kernel: Kernel, script: Path | None = None,
     ``loops``: the scenario's iteration counts."""
     from ..hooks import owner
 
-    meta = _manifest(outdir)
+    meta = read_manifest(Path(outdir))
     mod = meta["module"]
     ko = module_for(outdir, kernel, ko)
     hooks = meta.get("hooks", [])
@@ -347,7 +340,7 @@ def swap_files(outdir: Path, blobs: list[bytes], into: Path) -> dict[str, Path]:
     forgeries made from the first: one byte corrupted, one byte short."""
     from .user import Twin
 
-    meta = _manifest(outdir)
+    meta = read_manifest(Path(outdir))
     mod = meta["module"]
     twin = Twin(outdir)
     rows = [ln.split() for ln in (outdir / "kernel" / "selftest_inputs.txt").read_text()
@@ -571,7 +564,7 @@ def missing_steps(scenarios: list[Scenario], lines: list[str]) -> list[str]:
 def match_sets(outdirs: list[Path], weights: list[Path]) -> dict[Path, list[bytes]]:
     """Each ``.kmlw`` blob, by the model it was packed for (its structure
     hash, bytes 8..40); one that fits no model is an error."""
-    by_hash = {_manifest(d).get("structure_sha256"): Path(d) for d in outdirs}
+    by_hash = {read_manifest(Path(d)).get("structure_sha256"): Path(d) for d in outdirs}
     out: dict[Path, list[bytes]] = {}
     for w in weights:
         try:
@@ -609,7 +602,7 @@ def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
     the guest: host file} for a script to use; ``cycles``, ``swaps``: the
     scenarios' reload cycles and weight swaps (``Kernel.loops`` by default)."""
     modules = {Path(d): Path(k) for d, k in (modules or {}).items()}
-    names = [_manifest(d)["module"] for d in outdirs]
+    names = [read_manifest(Path(d))["module"] for d in outdirs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise KmlcError(f"two models build the module {', '.join(twice)}; one kernel loads a "

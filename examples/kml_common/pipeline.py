@@ -334,6 +334,24 @@ def classes_chosen(r: dict, policy: str, classes_of="learned-fixed") -> list:
     return lines
 
 
+def publish_run(out: Path, here: Path, args, results: dict, timing: dict, report, plot,
+                png: str) -> int:
+    """The end of a trained example's run: OUT/results.json, timing.json
+    (with the machine), results.md (``report(results, timing)``) and the
+    plot OUT/PNG; the README's results section too for a full run into the
+    default directory."""
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "timing.json").write_text(json.dumps({"machine": machine(), "seconds": timing},
+                                                indent=1) + "\n")
+    md = report(results, timing)
+    (out / "results.md").write_text(md)
+    plot(results["results"], out / png)
+    if not args.quick and args.out is None:
+        update_readme(here / "README.md", md)
+    print(f"results: {out}/results.md ({timing['total']:.0f} s)")
+    return 0
+
+
 def update_readme(readme: Path, md: str) -> None:
     """Puts ``md`` between the README's results markers."""
     if not readme.is_file():

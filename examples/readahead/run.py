@@ -25,7 +25,6 @@ only under --workdir, and is what the test suite runs.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -35,9 +34,9 @@ sys.path.insert(0, str(HERE.parent))            # examples/: the readahead packa
 import numpy as np  # noqa: E402
 
 from kml_common.pipeline import (Steps, agreement, compile_both, example_main,  # noqa: E402
-                                 classes_chosen, example_paths, machine, report_head,
+                                 classes_chosen, example_paths, publish_run, report_head,
                                  train_and_export,
-                                 update_readme, workers)
+                                 workers)
 from readahead.workloads import CLASSES, WORKLOADS, Db  # noqa: E402
 
 SEED = 1
@@ -146,16 +145,7 @@ def pipeline(args) -> int:
         "results": res,
         "acceptance": acceptance(res),
     }
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "timing.json").write_text(json.dumps({"machine": machine(), "seconds": timing},
-                                                indent=1) + "\n")
-    md = report(results, timing)
-    (out / "results.md").write_text(md)
-    plot(res, out / "readahead.png")
-    if not args.quick and args.out is None:
-        update_readme(HERE / "README.md", md)
-    print(f"results: {out}/results.md ({timing['total']:.0f} s)")
-    return 0
+    return publish_run(out, HERE, args, results, timing, report, plot, "readahead.png")
 
 
 def acceptance(res: dict) -> dict:

@@ -39,7 +39,7 @@ import pytest
 from conftest import EXAMPLES, SEED_MODELS, kmlc_cli, nfs_policy, readahead_policy, \
     seed_models, tree_admission_policy
 from kmlc.api import compile as kcompile, load, pack
-from kmlc.targets import kernel, kunit, qemu
+from kmlc.targets import kernel, kernels, kunit, qemu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
 import test_tensor_ops as tops  # noqa: E402
@@ -162,7 +162,7 @@ def test_modules_build_with_llvm_for_arm64(models, tmp_path):
         kdir = kunit.llvm_kdir("arm64")
     config = kernel.kernel_config(kdir)
     assert config["CONFIG_CC_IS_CLANG"] == "y" and config["CONFIG_ARM64"] == "y"
-    release = qemu.release_of(kdir)
+    release = kernels.release_of(kdir)
     nfs, nfs_cal = nfs_policy()
     adm, adm_cal = tree_admission_policy()
     hd_cal = seed_models.sample_inputs("heimdall", 1000, seed=41)

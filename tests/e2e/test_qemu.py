@@ -20,7 +20,7 @@ from conftest import (EXAMPLES, SEED_MODELS, constant_policy, nfs_policy, readah
                       seed_models, tree_admission_policy, tree_readahead_policy)
 from kmlc.api import compile as kcompile, pack
 from kmlc.hooks import owner
-from kmlc.targets import qemu
+from kmlc.targets import kernels, qemu
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +185,7 @@ def test_hooks_in_real_6_12_kernel(hooked):
     readahead hook (fixed point inline, float in its work item)."""
     from kmlc.targets import kernel
 
-    k612 = [k for k in kernel.installed_headers() if qemu.release_of(k).startswith("6.12.")]
+    k612 = [k for k in kernel.installed_headers() if kernels.release_of(k).startswith("6.12.")]
     dirs = [hooked[k] for k in ("admission-const", "readahead-const", "nfs-fp", "admission-tree",
                                 "readahead-tree-fx", "readahead-tree-fp")]
     lines = check_hooks(qemu.run(dirs, kdir=k612[-1]), dirs)
@@ -339,15 +339,15 @@ def test_build_matrix_every_installed_kernel(models, hooked, tmp_path):
     from kmlc.targets import kernel
 
     kdirs = kernel.installed_headers()
-    releases = [qemu.release_of(k) for k in kdirs]
+    releases = [kernels.release_of(k) for k in kdirs]
     assert any(r.startswith("6.1.") and not r.endswith("-rt-amd64") for r in releases), releases
     assert any(r.startswith("6.12.") for r in releases), releases
     assert any(r.endswith("-rt-amd64") for r in releases), releases
     for k in kdirs:
         for src in [models[1], models[2], *(v for k, v in hooked.items() if k != "sets")]:
-            d = tmp_path / f"{qemu.release_of(k)}-{src.parent.name}-{src.name}"
+            d = tmp_path / f"{kernels.release_of(k)}-{src.parent.name}-{src.name}"
             shutil.copytree(src / "kernel", d)
             ko = kernel.build_module(d, kdir=k)  # raises on any warning
             info = subprocess.run(["modinfo", "-F", "vermagic", ko], capture_output=True,
                                   text=True).stdout
-            assert info.startswith(qemu.release_of(k) + " "), info
+            assert info.startswith(kernels.release_of(k) + " "), info
