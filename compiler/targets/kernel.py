@@ -17,9 +17,7 @@ Debian's own arm64 headers for the same kernel (``arm64_kdir``): the
 ``linux-kbuild`` (the host tools: fixdep, modpost) and whose configuration,
 generated headers and Module.symvers are Debian's arm64 kernel's, so that
 the module loads in that kernel.  ``--llvm`` builds with clang against the
-clang-built kernel of the architecture that KUnit runs in (``llvm_kdir``:
-x86_64's debug kernel, arm64's KUnit kernel); a module built against a
-tree configured with clang is always built with clang.
+clang-built KUnit kernel of the architecture (``llvm_kdir``).
 """
 from __future__ import annotations
 
@@ -78,8 +76,8 @@ def _metapackage_headers() -> Path | None:
 
 def llvm_kdir(kdir=None, arch: str = "x86_64") -> Path:
     """The kernel tree an LLVM=1 build for ``arch`` uses: ``kdir`` if
-    given, else the clang-built kernel ``arch``'s KUnit runs in (Debian's
-    headers are configured for gcc).  Either must be configured for clang."""
+    given, else the clang-built KUnit kernel of ``arch`` (Debian's headers
+    are configured for gcc).  Either must be configured for clang."""
     from .kunit import llvm_kdir as kunit_llvm_kdir
 
     k = find_kdir(kdir) if kdir else kunit_llvm_kdir(arch)
@@ -184,8 +182,6 @@ def build_module(moddir: Path, *, kdir=None, llvm: bool = False, arch: str = "x8
         raise KmlcError("no Kbuild here; compile with --target kernel (or all)",
                         where=str(moddir))
     k = target_kdir(kdir, llvm=llvm, arch=arch)
-    # a tree configured with clang (the debug kernel's) builds with clang only
-    llvm = llvm or kernel_config(k).get("CONFIG_CC_IS_CLANG") == "y"
 
     def command(d: Path) -> list[str]:
         return make_command(k, d, llvm=llvm, arch=arch) + ["modules"]
