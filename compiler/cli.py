@@ -207,8 +207,10 @@ def inspect(model, input_shapes, name, numerics, calibration):
 @click.argument("outdir", type=click.Path(file_okay=False))
 @click.option("--kdir", type=click.Path(file_okay=False),
               help="Kernel build directory (default: running kernel's, else installed headers).")
-@click.option("--llvm", is_flag=True, help="Build with LLVM=1 (clang), against --kdir or the "
-              "clang-built KUnit kernel of --arch (kmlc kunit --arch x86_64|arm64 builds it).")
+@click.option("--llvm", is_flag=True, help="Build with LLVM=1 (clang), for a clang-built "
+              "kernel: against --kdir, else (x86_64) Debian's kernel configuration prepared for "
+              "clang (once, under ~/.cache/kmlc) or (arm64) the arm64 KUnit kernel's tree (kmlc "
+              "kunit --arch arm64 builds it).")
 @click.option("--sign", nargs=2, type=click.Path(dir_okay=False), metavar="KEY CERT",
               help="Sign the .ko with the kernel tree's scripts/sign-file (its "
               "CONFIG_MODULE_SIG_HASH, else sha256): private key, X.509 certificate.")
@@ -370,7 +372,8 @@ def verify(model, data, samples, seed, atol, rtol, numerics, calibration, weight
 @cli.command()
 @click.argument("outdirs", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("--arch", default="um", show_default=True, type=click.Choice(["um", "x86_64", "arm64"]),
-              help="um: gcc, no real FPU section; x86_64: clang (LLVM=1) under qemu; arm64: "
+              help="um: gcc, no real FPU section; x86_64: modules of the debug kernel (lockdep, "
+              "KASAN, UBSAN) under qemu; arm64: "
               "clang (LLVM=1) under qemu-system-aarch64 (kernel_neon_begin/end).")
 @click.option("--jobs", type=int, help="Parallel build jobs (default: all cores).")
 def kunit(outdirs, arch, jobs):

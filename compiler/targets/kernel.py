@@ -16,8 +16,14 @@ Debian's own arm64 headers for the same kernel (``arm64_kdir``): the
 ``~/.cache/kmlc/arm64/``, whose ``scripts`` are this machine's
 ``linux-kbuild`` (the host tools: fixdep, modpost) and whose configuration,
 generated headers and Module.symvers are Debian's arm64 kernel's, so that
-the module loads in that kernel.  ``--llvm`` builds with clang against the
-clang-built KUnit kernel of the architecture (``llvm_kdir``).
+the module loads in that kernel.  ``--llvm`` builds with clang against a
+clang-configured tree (``llvm_kdir``): on x86_64, Debian's own kernel's
+configuration re-evaluated for clang over the cached 6.1 source
+(``clang_tree``); on arm64, the clang-built KUnit kernel's tree.  A module
+built against a tree configured with clang is always built with clang,
+and is for a kernel built with clang: in a gcc-built one (Debian's) ftrace
+refuses its call sites at load, since objtool writes them as NOPs where
+gcc's kernel expects calls to __fentry__.
 """
 from __future__ import annotations
 
@@ -76,11 +82,15 @@ def _metapackage_headers() -> Path | None:
 
 def llvm_kdir(kdir=None, arch: str = "x86_64") -> Path:
     """The kernel tree an LLVM=1 build for ``arch`` uses: ``kdir`` if
-    given, else the clang-built KUnit kernel of ``arch`` (Debian's headers
-    are configured for gcc).  Either must be configured for clang."""
+    given, else (Debian's headers are configured for gcc) on x86_64 the
+    clang-configured tree of Debian's kernel (``clang_tree``), on arm64 the
+    clang-built KUnit kernel's.  Either must be configured for clang."""
     from .kunit import llvm_kdir as kunit_llvm_kdir
 
-    k = find_kdir(kdir) if kdir else kunit_llvm_kdir(arch)
+    if kdir:
+        k = find_kdir(kdir)
+    else:
+        k = clang_tree() if arch == "x86_64" else kunit_llvm_kdir(arch)
     if k is None:
         raise KmlcError("LLVM=1 needs a kernel tree configured with clang, and Debian's headers "
                         f"are configured for gcc: pass --kdir, or run `kmlc kunit OUTDIR --arch "
@@ -89,6 +99,61 @@ def llvm_kdir(kdir=None, arch: str = "x86_64") -> Path:
         raise KmlcError(f"{k} was not configured with clang (no CONFIG_CC_IS_CLANG=y), so "
                         "LLVM=1 cannot build against it; pass --kdir with a clang-configured tree")
     return k
+
+
+def clang_tree(headers: Path | None = None, log=print) -> Path:
+    """A tree for building modules of Debian's x86-64 kernel with clang.
+
+    ``headers`` (default: Debian's default kernel's, ``find_kdir``) are
+    configured for gcc, and Kbuild builds a module with the compiler its
+    tree was configured with.  So their configuration is re-evaluated for
+    clang (``make LLVM=1 olddefconfig``: what depends on the compiler's
+    abilities follows clang's) over the cached linux-source of the same
+    version, and the tree is prepared for out-of-tree modules (``make
+    modules_prepare``: generated headers, host tools; about 30 seconds,
+    once), and Debian's Module.symvers copied in (modpost checks every
+    symbol a module uses against it).  Kept under
+    ``~/.cache/kmlc/kernel-build/llvm-<release>`` and rebuilt when the
+    headers or the source change."""
+    import hashlib
+
+    from .kunit import TREE_NAME, cache_dir, locked, source_tree
+
+    headers = Path(headers) if headers else find_kdir()
+    version = TREE_NAME.removeprefix("linux-source-")
+    release = headers.name.removeprefix("linux-headers-")
+    if not (headers / ".config").is_file() or not release.startswith(version + "."):
+        raise KmlcError(f"no clang build tree for {headers}: kmlc prepares one from the cached "
+                        f"{TREE_NAME} only for Debian's {version} kernel headers; pass --kdir "
+                        "with a clang-configured tree")
+    for tool, package in (("clang", "clang"), ("ld.lld", "lld"), ("llvm-objcopy", "llvm")):
+        if not shutil.which(tool):
+            raise KmlcError(f"{tool} is not installed (package {package}); the README's setup "
+                            "installs it")
+    tree = source_tree(log=log)
+    ident = hashlib.sha256(b"".join(f.read_bytes() for f in (
+        headers / ".config", headers / "Module.symvers",
+        cache_dir() / f"{tree.name}.stamp"))).hexdigest()
+    build = cache_dir() / "kernel-build" / f"llvm-{release}"
+    stamp = build / ".kmlc-stamp"
+    with locked("clang-tree"):
+        if stamp.is_file() and stamp.read_text() == ident:
+            return build
+        log(f"kmlc: preparing a clang build tree of {release} in {build} (once)")
+        shutil.rmtree(build, ignore_errors=True)
+        build.mkdir(parents=True)
+        shutil.copyfile(headers / ".config", build / ".config")
+        for target in ("olddefconfig", "modules_prepare"):
+            res = subprocess.run(["make", "-C", str(tree), f"O={build}", "ARCH=x86_64", "LLVM=1",
+                                  f"-j{os.cpu_count() or 1}", target],
+                                 capture_output=True, text=True)
+            if res.returncode:
+                raise KmlcError(f"preparing the clang build tree of {release} failed "
+                                f"({target})", where=str(build),
+                                details="\n".join((res.stdout + res.stderr).splitlines()[-15:]))
+        shutil.copyfile(headers / "Module.symvers", build / "Module.symvers")
+        stamp.write_text(ident)
+    return build
 
 
 ARCHES = ("x86_64", "arm64")
@@ -182,6 +247,8 @@ def build_module(moddir: Path, *, kdir=None, llvm: bool = False, arch: str = "x8
         raise KmlcError("no Kbuild here; compile with --target kernel (or all)",
                         where=str(moddir))
     k = target_kdir(kdir, llvm=llvm, arch=arch)
+    # a tree configured with clang builds with clang only
+    llvm = llvm or kernel_config(k).get("CONFIG_CC_IS_CLANG") == "y"
 
     def command(d: Path) -> list[str]:
         return make_command(k, d, llvm=llvm, arch=arch) + ["modules"]

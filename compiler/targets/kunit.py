@@ -1,29 +1,37 @@
-"""KUnit target: runs generated golden-vector suites under kunit.py.
+"""KUnit target: runs generated golden-vector suites in three kernels.
 
 The kernel tree comes from Debian's ``linux-source-6.1`` tarball, unpacked
-once to ``~/.cache/kmlc/linux-source-6.1``; kunit.py's build directories live
-at ``~/.cache/kmlc/kunit-build/<arch>``.  Both paths are fixed, which is what
-makes a cached build reusable (Kbuild records absolute paths): the first
-UML build takes minutes, later runs seconds.
+once to ``~/.cache/kmlc/linux-source-6.1``.
 
-Suites are hooked into the tree once, the way in-tree tests are: ``lib/kmlc``
-is a symlink to ``~/.cache/kmlc/kunit-stage``, sourced from ``lib/Kconfig``
-and built from ``lib/Makefile``.  Each run stages the requested models'
-``kunit/`` directories there (rewriting only files whose bytes changed, so
-make rebuilds only what changed) and runs kunit.py with a .kunitconfig that
-enables exactly those suites.  UML turns kernel_fpu_begin() into a no-op;
-``--arch x86_64`` boots a real x86_64 kernel under qemu, where the FPU
-section is the real one.
+UML (gcc) and arm64 (clang, ``LLVM=1``, under qemu-system-aarch64) run
+under kunit.py, in build directories at ``~/.cache/kmlc/kunit-build/<arch>``.
+Both paths are fixed, which is what makes a cached build reusable (Kbuild
+records absolute paths): the first build takes minutes, later runs
+seconds.  Suites are hooked into the tree once, the way in-tree tests are:
+``lib/kmlc`` is a symlink to ``~/.cache/kmlc/kunit-stage``, sourced from
+``lib/Kconfig`` and built from ``lib/Makefile``.  Each run stages the
+requested models' ``kunit/`` directories there (rewriting only files whose
+bytes changed, so make rebuilds only what changed) and runs kunit.py with
+a .kunitconfig that enables exactly those suites.  UML turns
+kernel_fpu_begin() into a no-op.
 
-The kernels use both compilers: UML is built with gcc, the x86_64 and
-arm64 kernels with clang (``LLVM=1``; arm64's under qemu-system-aarch64),
-so every suite proves both compilers' kernel builds bit-identical to the
-twin (and gcc's arm64 modules are built against Debian's arm64 headers).
-The x86_64 and arm64 kernels also have modules, kprobes, debugfs,
-device-mapper and the NFS client enabled: their build directories
-(``llvm_kdir(arch)``) are clang-configured kernel trees that ``kmlc build
---llvm [--arch arm64]`` builds out-of-tree modules of every hook against
-(Debian's headers are configured for gcc).
+x86_64 runs the suites as modules of the debug kernel (``kernels.py``:
+gcc, lockdep, KASAN, UBSAN, KFENCE, KUnit built in), which loading a
+module runs the suites of, as the kernel runs any module's: each suite is
+built out of tree against the debug kernel's build directory, signed with
+its key, and loaded under qemu with every instruction set TCG emulates
+(AVX2 included: each SIMD path of a fixed-point model runs), where the FPU
+section is the real one.  One kernel build serves the debug scenarios and
+x86_64 KUnit.
+
+So every suite proves both compilers' kernel builds bit-identical to the
+twin: gcc's in UML and on x86_64 (and gcc's arm64 modules are built
+against Debian's arm64 headers), clang's on arm64.  The arm64 kernel also
+has modules, kprobes, debugfs, device-mapper and the NFS client enabled:
+its build directory (``llvm_kdir``) is the clang-configured tree that
+``kmlc build --llvm --arch arm64`` builds out-of-tree modules of every
+hook against (Debian's headers are configured for gcc; x86_64's clang
+tree is ``kernel.clang_tree``).
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -43,17 +52,16 @@ from . import progress
 TREE_NAME = "linux-source-6.1"
 TARBALL_DIR = Path("/usr/src")
 ARCHES = ("um", "x86_64", "arm64")
-# Per arch: build directory name, make options, configuration beyond the suites.
-# What a kernel needs to build and load every hook's module against its build
-# directory (kmlc build --llvm): modules, kprobes through ftrace, debugfs,
-# device-mapper and the NFS client.
+# Per kunit.py arch: build directory name, make options, configuration beyond
+# the suites.  What a kernel needs to build and load every hook's module
+# against its build directory (kmlc build --llvm): modules, kprobes through
+# ftrace, debugfs, device-mapper and the NFS client.
 _MODULES = ("CONFIG_MODULES=y\nCONFIG_MODULE_UNLOAD=y\nCONFIG_KPROBES=y\n"
             "CONFIG_FTRACE=y\nCONFIG_FUNCTION_TRACER=y\nCONFIG_DYNAMIC_FTRACE=y\n"
             "CONFIG_DEBUG_FS=y\nCONFIG_MD=y\nCONFIG_BLK_DEV_DM=y\nCONFIG_FILE_LOCKING=y\n"
             "CONFIG_NET=y\nCONFIG_INET=y\nCONFIG_NETWORK_FILESYSTEMS=y\nCONFIG_NFS_FS=m\n")
 ARCH_BUILD = {
     "um": ("um", [], ""),
-    "x86_64": ("x86_64-llvm", ["LLVM=1"], _MODULES),
     # booted by kunit.py's own arm64 qemu configuration (-machine virt -cpu
     # cortex-a57: NEON, so float suites run inside a real
     # kernel_neon_begin/end section)
@@ -118,9 +126,10 @@ def build_dir(arch: str) -> Path:
     return cache_dir() / "kunit-build" / ARCH_BUILD[arch][0]
 
 
-def llvm_kdir(arch: str = "x86_64") -> Path | None:
-    """The clang-built x86_64 or arm64 KUnit kernel's build directory, once
-    a ``kmlc kunit --arch ARCH`` run has built it."""
+def llvm_kdir(arch: str = "arm64") -> Path | None:
+    """The clang-built arm64 KUnit kernel's build directory, once a ``kmlc
+    kunit --arch arm64`` run has built it (x86_64's clang tree is
+    ``kernel.clang_tree``)."""
     k = build_dir(arch)
     return k if (k / "Module.symvers").is_file() else None
 
@@ -155,8 +164,9 @@ def cases(meta: dict | Path) -> int:
         meta["set_forgeries"]
 
 
-def stage_models(outdirs: list[Path]) -> list[dict]:
-    """Copy each model's kunit/ into the stage; returns their manifests."""
+def manifests(outdirs: list[Path]) -> list[dict]:
+    """Each model's kmlc.json, with "dir" its OUTDIR; refuses a directory
+    without a KUnit suite, and two suites of one name."""
     models = []
     for d in outdirs:
         d = Path(d)
@@ -172,6 +182,12 @@ def stage_models(outdirs: list[Path]) -> list[dict]:
                             "names (compile with --name)")
         meta["dir"] = d
         models.append(meta)
+    return models
+
+
+def stage_models(outdirs: list[Path]) -> list[dict]:
+    """Copy each model's kunit/ into the stage; returns their manifests."""
+    models = manifests(outdirs)
     stage = stage_dir()
     names = {m["name"] for m in models}
     for old in stage.iterdir():
@@ -207,7 +223,7 @@ def run(outdirs: list[Path], *, arch: str = "um", jobs: int | None = None,
     from .qemu import QEMU      # qemu.py imports this module: not at the top
 
     needs = [QEMU[arch][:2]] if arch in QEMU else []
-    if "LLVM=1" in ARCH_BUILD[arch][1]:
+    if arch != "um":
         needs += [("clang", "clang"), ("ld.lld", "lld"), ("llvm-objcopy", "llvm")]
     for tool, package in needs:
         if not shutil.which(tool):
@@ -216,6 +232,8 @@ def run(outdirs: list[Path], *, arch: str = "um", jobs: int | None = None,
     for tool in ("make", "gcc", "flex", "bison"):
         if not shutil.which(tool):
             raise KmlcError(f"{tool} is not installed; run the README's setup command")
+    if arch == "x86_64":
+        return _run_as_modules(outdirs, jobs=jobs, out=out)
     tree = source_tree(log=lambda s: print(s, file=out, flush=True))
     with locked("kunit"):
         hook_tree(tree)
@@ -231,10 +249,6 @@ def run(outdirs: list[Path], *, arch: str = "um", jobs: int | None = None,
                f"--jobs={jobs or os.cpu_count() or 1}", "--raw_output=kunit"]
         if make_options:
             cmd += ["--make_options", *make_options]
-        if arch == "x86_64":
-            # every instruction set TCG emulates (AVX2 included): KUnit runs
-            # each SIMD path of fixed-point models
-            cmd += ["--qemu_args", "-cpu max,la57=off"]
         proc = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         lines = []
@@ -251,15 +265,85 @@ def run(outdirs: list[Path], *, arch: str = "um", jobs: int | None = None,
     return _summarize(lines, proc.returncode, models, out)
 
 
+# every instruction set TCG emulates (AVX2 included: a fixed-point model's
+# suite runs each SIMD path), without 5-level paging, which slows TCG down
+X86_CPU = "max,la57=off"
+_DMESG_TIME = re.compile(r"^\[\s*\d+\.\d+\] ")
+
+
+def _run_as_modules(outdirs: list[Path], *, jobs: int | None, out) -> dict:
+    """x86_64: build each suite as a module of the debug kernel, sign it
+    with the kernel's key, load them all in one qemu boot, and read the
+    suites' KTAP from the kernel log.  A lockdep, KASAN, UBSAN or KFENCE
+    report (or a warning) in that log fails the run, as does a suite
+    whose module does not build without warnings or does not load."""
+    from . import buildcache, qemu
+    from .kernel import make_command, sign_module
+    from .kernels import debug_kernel, signing_key
+
+    def log(s):
+        print(s, file=out, flush=True)
+    models = manifests(outdirs)
+    k = debug_kernel(log=log)
+    key = signing_key(k.kdir)
+    scenarios = []
+    with tempfile.TemporaryDirectory(prefix="kmlc-kunit-") as tmp:
+        for m in models:
+            d = Path(tmp) / m["name"]
+            shutil.copytree(Path(m["dir"]) / "kunit", d)
+            option = f"CONFIG_KMLC_{m['name'].upper()}_KUNIT_TEST=m"
+            rc, text = buildcache.build(    # kept between runs, as model modules are
+                d, k.kdir, lambda x: make_command(k.kdir, x, jobs=jobs)
+                + [option, "modules"], f"{m['module']}_kunit")
+            bad = [ln for ln in text.splitlines() if "warning:" in ln or "error:" in ln]
+            kos = sorted(d.glob("*.ko"))
+            if rc or bad or not kos:
+                raise KmlcError(f"the KUnit suite of {m['name']} did not build cleanly against "
+                                f"{k.kdir}: " + (bad or text.splitlines()[-1:] or ["no output"])[0],
+                                details="\n".join((bad or text.splitlines())[-15:]))
+            if key is not None:
+                sign_module(kos[0], *key, k.kdir)
+            # loading the module runs its suites
+            load = f"insmod /lib/kmlc/{kos[0].name} || echo 'KMLC-RESULT {m['module']} FAIL insmod'"
+            scenarios.append(qemu.Scenario(m["module"], kos[0], script=load))
+        init = qemu.init_script(scenarios, [], debug=True)
+        initramfs = qemu.build_initramfs(k.root, scenarios, init, [])
+    log(f"[kmlc] booting the debug kernel {k.release} with {len(scenarios)} suite module(s)")
+    timeout = 600 + sum(cases(m) for m in models)       # KASAN under TCG: about 0.1 s a case
+    console = qemu.boot(initramfs, k, timeout=timeout, cpu=X86_CPU)
+    lines, reports, rc = kernel_log(console)
+    for r in reports[:20]:
+        log(f"kmlc kunit: {r}")
+    return _summarize(lines, rc, models, out, reports)
+
+
+def kernel_log(console: str) -> tuple[list[str], list[str], int]:
+    """From the console of a boot that loaded suite modules: the kernel
+    log's lines (its timestamps taken off, so the KTAP is as kunit.py
+    reads it), the reports that fail the run whatever the suites say (a
+    warning, lockdep, KASAN, UBSAN, KFENCE; a module that did not load),
+    and 0 if the boot finished, else 1 (all the console's lines then)."""
+    from .qemu import BAD_LOG, RESULT
+
+    if "KMLC-DONE" not in console:
+        return console.splitlines(True), [], 1
+    dmesg = console.split("KMLC-DMESG-BEGIN", 1)[-1].split("KMLC-DMESG-END", 1)[0]
+    lines = [_DMESG_TIME.sub("", ln) + "\n" for ln in dmesg.strip("\n").splitlines()]
+    reports = [ln.strip() for ln in lines if BAD_LOG.search(ln)]
+    reports += [" ".join(r).strip() for r in RESULT.findall(console)]
+    return lines, reports, 0
+
+
 _RESULT = re.compile(r"^(\s*)(ok|not ok) \d+ (?:- )?(.+?)(?: # (SKIP).*)?$")
 _SUBTEST = re.compile(r"^(\s*)# Subtest: (\S+)")
 _PASSING_VECTOR = re.compile(r"^\s+ok \d+ (?:- )?vector \d+$")
 
 
-def _summarize(lines: list[str], rc: int, models: list[dict], out) -> dict:
+def _summarize(lines: list[str], rc: int, models: list[dict], out,
+               reports: list[str] = ()) -> dict:
     """Count leaf test results (golden vectors and plain cases) per kmlc
-    suite from kunit.py's raw KTAP, and print the KTAP without the passing
-    vectors' lines."""
+    suite from the suites' KTAP, and print the KTAP without the passing
+    vectors' lines; ``reports``: what else in the kernel log fails the run."""
     suite_names = {m["module"] for m in models}
     suites: dict[str, dict] = {}
     stack: list[tuple[str, int]] = []  # open subtests: (name, indent of their result line)
@@ -290,16 +374,19 @@ def _summarize(lines: list[str], rc: int, models: list[dict], out) -> dict:
     missing = suite_names - set(suites)
     if rc != 0 and not suites:
         tail = "".join(lines[-30:])
-        raise KmlcError(f"kunit.py failed (exit {rc}) before running any kmlc suite",
+        raise KmlcError(f"the KUnit kernel failed (exit {rc}) before running any kmlc suite",
                         details=tail)
     expected = {m["module"]: cases(m) for m in models}
     short = [n for n, v in suites.items() if sum(v.values()) != expected[n]]
-    ok = rc == 0 and not missing and not short and all(v["failed"] == 0 for v in suites.values())
+    ok = rc == 0 and not missing and not short and not reports and \
+        all(v["failed"] == 0 for v in suites.values())
     parts = [f"{n}: {v['passed']} passed, {v['failed']} failed, {v['skipped']} skipped"
              + (f" (expected {expected[n]} cases)" if n in short else "")
              for n, v in suites.items()]
     if missing:
         parts.append("no results from " + ", ".join(sorted(missing)))
+    if reports:
+        parts.append(f"{len(reports)} report(s) in the kernel log, the first: {reports[0]}")
     summary = ("PASS" if ok else "FAIL") + " - " + "; ".join(parts)
     print(f"kmlc kunit: {summary}", file=out)
     return {"ok": ok, "summary": summary, "suites": suites}

@@ -464,7 +464,7 @@ QEMU = {"x86_64": ("qemu-system-x86_64", "qemu-system-x86", [], "ttyS0"),
 
 
 def boot(initramfs: bytes, kernel: Kernel, *, timeout: int = 600,
-         log_path: Path | None = None) -> str:
+         log_path: Path | None = None, cpu: str | None = None) -> str:
     binary, package, machine, console = QEMU[kernel.arch]
     qemu = shutil.which(binary)
     if not qemu:
@@ -481,7 +481,7 @@ def boot(initramfs: bytes, kernel: Kernel, *, timeout: int = 600,
         cmd = [qemu, *machine, "-m", kernel.memory, "-smp", os.environ.get("KMLC_QEMU_SMP", "2"),
                "-kernel", str(kernel.vmlinuz), "-initrd", str(rd), "-append", append,
                "-nographic", "-no-reboot", "-monitor", "none", "-accel", "tcg,thread=single",
-               "-cpu", os.environ.get("KMLC_QEMU_CPU") or qemu_cpu(kernel)]
+               "-cpu", os.environ.get("KMLC_QEMU_CPU") or cpu or qemu_cpu(kernel)]
         # TCG only: /dev/kvm can exist where KVM does not work (nested VMs), and
         # a test that hangs is worse than one that takes 10 seconds more.
         try:

@@ -512,8 +512,9 @@ def acceptance_builds(trained, tmp_path_factory):
 @pytest.mark.parametrize("arch", ["um", "x86_64"])
 def test_tree_modules_equal_their_twins_under_kunit(kernel_builds, acceptance_builds, arch):
     """The module's C and the twin's give the same bits on the golden
-    vectors, in UML (gcc) and in an x86_64 kernel (clang, the float ones in
-    a real FPU section), one kernel boot for both sets:
+    vectors, in UML (gcc) and in an x86_64 kernel (the debug kernel: gcc,
+    lockdep, KASAN, UBSAN; the float ones in a real FPU section), one
+    kernel boot for both sets:
     - the hand-written ensembles, in float (node flags, sparse leaves) and
       fixed point (mixed integer tests, a class decision on int64 sums,
       AVERAGE);

@@ -3,8 +3,9 @@ whose first layer has an exact wide path (a feature calibrated far from
 zero on a narrow range: every int32 input reaches beyond the int32 sums):
 accuracy against the float model, bit-exactness against kmlc's integer
 evaluator and across compilers, sanitizers over 100,000 hostile inputs, an
-FPU-free module, and KUnit on UML and on a real x86_64 kernel, whose
-golden vectors take both paths."""
+FPU-free module, and KUnit on UML and on a real x86_64 kernel (the debug
+kernel: lockdep, KASAN, UBSAN), whose golden vectors take both
+paths."""
 import json
 import re
 import subprocess
@@ -250,34 +251,52 @@ def test_kunit_uml(fixed):
 
 @pytest.mark.kunit
 def test_kunit_x86_64_fixed_and_float(fixed, tmp_path):
-    """A real x86_64 kernel under qemu: the fixed models, and a float model
-    whose FPU section is the real kernel_fpu_begin/end there."""
+    """A real x86_64 kernel under qemu, the debug kernel (the suites are its
+    modules): the fixed models, and a float model whose
+    FPU section is the real kernel_fpu_begin/end there.  In the same boot a
+    suite whose golden side has one bit flipped fails exactly its two cases
+    that see it (the harness can fail), and fails the run."""
+    import shutil
+
     fp = tmp_path / "readahead_fp"
     kcompile(EXAMPLES / "readahead.onnx", fp, name="readahead_fp", targets="kunit",
              golden_data=seed_models.sample_inputs("readahead", GOLDEN, seed=24))
-    res = kunit.run([d for d, _ in fixed.values()] + [fp], arch="x86_64")
-    assert res["ok"], res["summary"]
+    flip = tmp_path / "flip"
+    kcompile(EXAMPLES / "readahead.onnx", flip, name="flip", targets="kunit",
+             golden_data=seed_models.sample_inputs("readahead", GOLDEN, seed=25))
+    src = flip / "kunit" / "flip_kunit.c"
+    text = src.read_text()
+    m = re.search(r"\.out = \{\s*0x([0-9a-f]{8})", text)
+    src.write_text(text[:m.start(1)] + f"{int(m.group(1), 16) ^ 1:08x}" + text[m.end(1):])
+    res = kunit.run([d for d, _ in fixed.values()] + [fp, flip], arch="x86_64")
+    assert not res["ok"] and res["summary"].startswith("FAIL"), res["summary"]
+    assert res["suites"]["kml_flip"] == {"passed": kunit.cases(flip) - 2, "failed": 2,
+                                         "skipped": 0}, res["summary"]
     for n in MODELS:      # the golden vectors, bad arguments, every path, weight sets
-        assert res["suites"][f"kml_{n}_fx"]["passed"] == kunit.cases(fixed[n][0]), \
-            res["summary"]
-    assert res["suites"]["kml_readahead_fp"]["passed"] == kunit.cases(fp), res["summary"]
+        assert res["suites"][f"kml_{n}_fx"] == {"passed": kunit.cases(fixed[n][0]),
+                                                "failed": 0, "skipped": 0}, res["summary"]
+    assert res["suites"]["kml_readahead_fp"] == {"passed": kunit.cases(fp), "failed": 0,
+                                                 "skipped": 0}, res["summary"]
+    assert "report(s) in the kernel log" not in res["summary"], res["summary"]
 
 
 @pytest.mark.kernel
 @pytest.mark.kunit
-def test_modules_build_with_llvm(fixed, tmp_path):
-    """LLVM=1: every module kind builds with clang, W=1 and zero warnings,
-    against the clang-configured tree of the x86_64 KUnit kernel (whose
-    suites just ran bit-identical; Debian's headers are configured for gcc)."""
-    from conftest import readahead_policy
+def test_modules_build_with_llvm(tmp_path):
+    """LLVM=1: every module kind builds with clang, W=1 and zero warnings
+    (kmlc's 512-byte frame budget included), against the clang-configured
+    tree of Debian's kernel configuration (``kernel.clang_tree``: Debian's
+    headers are configured for gcc)."""
+    import shutil
 
-    kdir = kunit.llvm_kdir()
-    if kdir is None:  # this file's x86_64 KUnit test builds it; alone, build it here
-        kunit.run([fixed["readahead"][0]], arch="x86_64")
-        kdir = kunit.llvm_kdir()
-    assert kernel.kernel_config(kdir)["CONFIG_CC_IS_CLANG"] == "y"
+    from conftest import readahead_policy
+    from kmlc.targets.buildcache import sources
+
+    kdir = kernel.llvm_kdir()
+    config = kernel.kernel_config(kdir)
+    assert config["CONFIG_CC_IS_CLANG"] == "y" and "CONFIG_KASAN" not in config
     ra, ra_cal = readahead_policy()
-    builds = {  # names differ from the suites built into that kernel
+    builds = {
         "fp": (EXAMPLES / "heimdall.onnx", {}),
         "fx": (EXAMPLES / "nfs_rsize.onnx", {"numerics": "fixed",
                                              "calibration": calibration("nfs_rsize")}),
@@ -295,3 +314,11 @@ def test_modules_build_with_llvm(fixed, tmp_path):
         comment = subprocess.run(["readelf", "-p", ".comment", ko], capture_output=True,
                                  text=True).stdout
         assert "clang" in comment and "GCC" not in comment, (tag, comment)
+    # the frame budget reached clang's command line (V=1 shows it)
+    fx = tmp_path / "fx" / "plain"
+    fx.mkdir()
+    for f in sources(tmp_path / "fx" / "kernel"):
+        shutil.copy(f, fx)
+    res = subprocess.run(kernel.make_command(kdir, fx, llvm=True) + ["V=1", "modules"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and "-Wframe-larger-than=512" in res.stdout, res.stdout[-2000:]
