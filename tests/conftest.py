@@ -265,6 +265,14 @@ SLOW_MODULES = {"e2e/test_qemu.py": 2200, "e2e/test_arm64.py": 600,
                 "e2e/test_decision_models.py": 120, "e2e/test_signing.py": 40}
 
 
+# The tests that build a kernel from source on a cold cache (the debug
+# kernel, 20-25 minutes on 2 cores, then its own 10 minutes of scenarios, and
+# the tests that use it after; the arm64 KUnit kernel, 15): each goes first
+# in its share, so that those chains start when the run does instead of
+# ending it.
+FIRST = ("e2e/test_qemu.py::test_hooks_in_debug_kernel", "e2e/test_arm64.py::test_kunit_on_arm64")
+
+
 def pytest_collection_modifyitems(session, config, items):
     import os
 
@@ -286,4 +294,6 @@ def pytest_collection_modifyitems(session, config, items):
         take = max(0, size - len(share))
         share += rest[:take]
         rest = rest[take:]
+    for share in shares:                    # stable: the rest keep their order
+        share.sort(key=lambda it: it.nodeid.split("tests/", 1)[-1] not in FIRST)
     items[:] = [it for share in shares for it in share] + rest
