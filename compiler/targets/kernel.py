@@ -101,6 +101,19 @@ def llvm_kdir(kdir=None, arch: str = "x86_64") -> Path:
     return k
 
 
+# what LLVM=1 builds need, and the Debian packages that have them
+CLANG_TOOLS = (("clang", "clang"), ("ld.lld", "lld"), ("llvm-objcopy", "llvm"))
+
+
+def require(tools) -> None:
+    """Each (program, Debian package) of ``tools`` is installed, else one
+    line naming both."""
+    for tool, package in tools:
+        if not shutil.which(tool):
+            raise KmlcError(f"{tool} is not installed (package {package}); the README's setup "
+                            "installs it")
+
+
 def clang_tree(headers: Path | None = None, log=print) -> Path:
     """A tree for building modules of Debian's x86-64 kernel with clang.
 
@@ -126,10 +139,7 @@ def clang_tree(headers: Path | None = None, log=print) -> Path:
         raise KmlcError(f"no clang build tree for {headers}: kmlc prepares one from the cached "
                         f"{TREE_NAME} only for Debian's {version} kernel headers; pass --kdir "
                         "with a clang-configured tree")
-    for tool, package in (("clang", "clang"), ("ld.lld", "lld"), ("llvm-objcopy", "llvm")):
-        if not shutil.which(tool):
-            raise KmlcError(f"{tool} is not installed (package {package}); the README's setup "
-                            "installs it")
+    require(CLANG_TOOLS)
     tree = source_tree(log=log)
     ident = hashlib.sha256(b"".join(f.read_bytes() for f in (
         headers / ".config", headers / "Module.symvers",

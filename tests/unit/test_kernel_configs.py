@@ -52,3 +52,19 @@ def test_a_clang_tree_is_refused_for_headers_it_cannot_be_made_from(tmp_path, na
     with pytest.raises(KmlcError) as e:
         clang_tree(headers)
     assert str(headers) in str(e.value) and "--kdir" in str(e.value)
+
+
+def test_only_the_clang_built_kunit_kernel_needs_clang(monkeypatch):
+    """x86_64's suites are modules of the gcc-built debug kernel: a machine
+    without clang runs them; arm64's kernel is built with clang, and its
+    run is refused with one line naming the program and its package."""
+    import shutil
+
+    from kmlc.targets import kunit
+
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda t: None if t == "clang" else real(t))
+    monkeypatch.setattr(kunit, "_run_as_modules", lambda *a, **k: "ran")
+    assert kunit.run([], arch="x86_64") == "ran"
+    with pytest.raises(KmlcError, match=r"clang is not installed \(package clang\)"):
+        kunit.run([], arch="arm64")
