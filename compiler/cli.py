@@ -208,16 +208,15 @@ def inspect(model, input_shapes, name, numerics, calibration):
 @click.option("--kdir", type=click.Path(file_okay=False),
               help="Kernel build directory (default: running kernel's, else installed headers).")
 @click.option("--llvm", is_flag=True, help="Build with LLVM=1 (clang), for a clang-built "
-              "kernel: against --kdir, else (x86_64) Debian's kernel configuration prepared for "
-              "clang (once, under ~/.cache/kmlc) or (arm64) the arm64 KUnit kernel's tree (kmlc "
-              "kunit --arch arm64 builds it).")
+              "kernel: against --kdir, else Debian's kernel configuration of --arch prepared for "
+              "clang (once, under ~/.cache/kmlc).")
 @click.option("--sign", nargs=2, type=click.Path(dir_okay=False), metavar="KEY CERT",
               help="Sign the .ko with the kernel tree's scripts/sign-file (its "
               "CONFIG_MODULE_SIG_HASH, else sha256): private key, X.509 certificate.")
 @click.option("--arch", default="x86_64", show_default=True, type=click.Choice(["x86_64", "arm64"]),
               help="arm64: cross-build with aarch64-linux-gnu-gcc against Debian's arm64 headers "
-              "of the same kernel (fetched once), or --kdir; with --llvm, with clang against the "
-              "arm64 KUnit kernel.")
+              "of the same kernel (fetched once), or --kdir; with --llvm, with clang against their "
+              "configuration prepared for clang.")
 def build(outdir, kdir, llvm, sign, arch):
     """Build OUTDIR/kernel into a .ko with W=1; any warning fails."""
     from .targets.kernel import build_module, sign_module, target_kdir

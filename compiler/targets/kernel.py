@@ -17,9 +17,9 @@ Debian's own arm64 headers for the same kernel (``arm64_kdir``): the
 ``linux-kbuild`` (the host tools: fixdep, modpost) and whose configuration,
 generated headers and Module.symvers are Debian's arm64 kernel's, so that
 the module loads in that kernel.  ``--llvm`` builds with clang against a
-clang-configured tree (``llvm_kdir``): on x86_64, Debian's own kernel's
-configuration re-evaluated for clang over the cached 6.1 source
-(``clang_tree``); on arm64, the clang-built KUnit kernel's tree.  A module
+clang-configured tree (``llvm_kdir``): Debian's own kernel's configuration
+for the arch, re-evaluated for clang over the cached 6.1 source
+(``clang_tree``).  A module
 built against a tree configured with clang is always built with clang,
 and is for a kernel built with clang: in a gcc-built one (Debian's) ftrace
 refuses its call sites at load, since objtool writes them as NOPs where
@@ -37,6 +37,7 @@ from ..errors import KmlcError
 from . import buildcache
 
 HEADERS_GLOB = "linux-headers-*"
+ARCHES = ("x86_64", "arm64")
 
 
 def _version_key(p: Path):
@@ -82,19 +83,10 @@ def _metapackage_headers() -> Path | None:
 
 def llvm_kdir(kdir=None, arch: str = "x86_64") -> Path:
     """The kernel tree an LLVM=1 build for ``arch`` uses: ``kdir`` if
-    given, else (Debian's headers are configured for gcc) on x86_64 the
-    clang-configured tree of Debian's kernel (``clang_tree``), on arm64 the
-    clang-built KUnit kernel's.  Either must be configured for clang."""
-    from .kunit import llvm_kdir as kunit_llvm_kdir
-
-    if kdir:
-        k = find_kdir(kdir)
-    else:
-        k = clang_tree() if arch == "x86_64" else kunit_llvm_kdir(arch)
-    if k is None:
-        raise KmlcError("LLVM=1 needs a kernel tree configured with clang, and Debian's headers "
-                        f"are configured for gcc: pass --kdir, or run `kmlc kunit OUTDIR --arch "
-                        f"{arch}` once, which builds one under ~/.cache/kmlc")
+    given, else (Debian's headers are configured for gcc) Debian's
+    kernel's configuration prepared for clang (``clang_tree``).  Either
+    must be configured for clang."""
+    k = find_kdir(kdir) if kdir else clang_tree(arch)
     if kernel_config(k).get("CONFIG_CC_IS_CLANG") != "y":
         raise KmlcError(f"{k} was not configured with clang (no CONFIG_CC_IS_CLANG=y), so "
                         "LLVM=1 cannot build against it; pass --kdir with a clang-configured tree")
@@ -114,25 +106,28 @@ def require(tools) -> None:
                             "installs it")
 
 
-def clang_tree(headers: Path | None = None, log=print) -> Path:
-    """A tree for building modules of Debian's x86-64 kernel with clang.
+def clang_tree(arch: str = "x86_64", headers: Path | None = None, log=print) -> Path:
+    """A tree for building modules of Debian's kernel of ``arch`` with clang.
 
-    ``headers`` (default: Debian's default kernel's, ``find_kdir``) are
-    configured for gcc, and Kbuild builds a module with the compiler its
-    tree was configured with.  So their configuration is re-evaluated for
-    clang (``make LLVM=1 olddefconfig``: what depends on the compiler's
-    abilities follows clang's) over the cached linux-source of the same
-    version, and the tree is prepared for out-of-tree modules (``make
-    modules_prepare``: generated headers, host tools; about 30 seconds,
-    once), and Debian's Module.symvers copied in (modpost checks every
-    symbol a module uses against it).  Kept under
-    ``~/.cache/kmlc/kernel-build/llvm-<release>`` and rebuilt when the
-    headers or the source change."""
+    ``headers`` (default: Debian's default kernel's, ``find_kdir``, or
+    their arm64 twin, ``arm64_kdir``) are configured for gcc, and Kbuild
+    builds a module with the compiler its tree was configured with.  So
+    their configuration is re-evaluated for clang (``make LLVM=1
+    olddefconfig``: what depends on the compiler's abilities follows
+    clang's) over the cached linux-source of the same version, and the
+    tree is prepared for out-of-tree modules (``make modules_prepare``:
+    generated headers, host tools; under a minute, once), and Debian's
+    Module.symvers copied in (modpost checks every symbol a module uses
+    against it).  Kept under ``~/.cache/kmlc/kernel-build/llvm-<release>``
+    and rebuilt when the headers or the source change."""
     import hashlib
 
     from .kunit import TREE_NAME, cache_dir, locked, source_tree
 
-    headers = Path(headers) if headers else find_kdir()
+    if arch not in ARCHES:
+        raise KmlcError(f"unknown --arch {arch}; choose from {', '.join(ARCHES)}")
+    headers = Path(headers) if headers else (arm64_kdir() if arch == "arm64" else find_kdir())
+    headers = headers.resolve()         # /lib/modules/<release>/build names no release
     version = TREE_NAME.removeprefix("linux-source-")
     release = headers.name.removeprefix("linux-headers-")
     if not (headers / ".config").is_file() or not release.startswith(version + "."):
@@ -154,7 +149,7 @@ def clang_tree(headers: Path | None = None, log=print) -> Path:
         build.mkdir(parents=True)
         shutil.copyfile(headers / ".config", build / ".config")
         for target in ("olddefconfig", "modules_prepare"):
-            res = subprocess.run(["make", "-C", str(tree), f"O={build}", "ARCH=x86_64", "LLVM=1",
+            res = subprocess.run(["make", "-C", str(tree), f"O={build}", f"ARCH={arch}", "LLVM=1",
                                   f"-j{os.cpu_count() or 1}", target],
                                  capture_output=True, text=True)
             if res.returncode:
@@ -166,7 +161,6 @@ def clang_tree(headers: Path | None = None, log=print) -> Path:
     return build
 
 
-ARCHES = ("x86_64", "arm64")
 CROSS = {"arm64": "aarch64-linux-gnu-"}
 
 

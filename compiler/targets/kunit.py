@@ -26,12 +26,9 @@ x86_64 KUnit.
 
 So every suite proves both compilers' kernel builds bit-identical to the
 twin: gcc's in UML and on x86_64 (and gcc's arm64 modules are built
-against Debian's arm64 headers), clang's on arm64.  The arm64 kernel also
-has modules, kprobes, debugfs, device-mapper and the NFS client enabled:
-its build directory (``llvm_kdir``) is the clang-configured tree that
-``kmlc build --llvm --arch arm64`` builds out-of-tree modules of every
-hook against (Debian's headers are configured for gcc; x86_64's clang
-tree is ``kernel.clang_tree``).
+against Debian's arm64 headers), clang's on arm64.  ``kmlc build --llvm``
+builds against Debian's configuration prepared for clang
+(``kernel.clang_tree``), not against these kernels.
 """
 from __future__ import annotations
 
@@ -53,19 +50,15 @@ TREE_NAME = "linux-source-6.1"
 TARBALL_DIR = Path("/usr/src")
 ARCHES = ("um", "x86_64", "arm64")
 # Per kunit.py arch: build directory name, make options, configuration beyond
-# the suites.  What a kernel needs to build and load every hook's module
-# against its build directory (kmlc build --llvm): modules, kprobes through
-# ftrace, debugfs, device-mapper and the NFS client.
-_MODULES = ("CONFIG_MODULES=y\nCONFIG_MODULE_UNLOAD=y\nCONFIG_KPROBES=y\n"
-            "CONFIG_FTRACE=y\nCONFIG_FUNCTION_TRACER=y\nCONFIG_DYNAMIC_FTRACE=y\n"
-            "CONFIG_DEBUG_FS=y\nCONFIG_MD=y\nCONFIG_BLK_DEV_DM=y\nCONFIG_FILE_LOCKING=y\n"
-            "CONFIG_NET=y\nCONFIG_INET=y\nCONFIG_NETWORK_FILESYSTEMS=y\nCONFIG_NFS_FS=m\n")
+# the suites (kunit.py's own per-arch configuration: the console, the qemu
+# machine).  Nothing else: LLVM=1 module builds use Debian's configuration
+# prepared for clang (kernel.clang_tree), not this kernel's tree.
 ARCH_BUILD = {
     "um": ("um", [], ""),
     # booted by kunit.py's own arm64 qemu configuration (-machine virt -cpu
     # cortex-a57: NEON, so float suites run inside a real
     # kernel_neon_begin/end section)
-    "arm64": ("arm64-llvm", ["LLVM=1"], _MODULES),
+    "arm64": ("arm64-llvm", ["LLVM=1"], ""),
 }
 
 
@@ -124,14 +117,6 @@ def _write_if_changed(path: Path, data: bytes) -> None:
 
 def build_dir(arch: str) -> Path:
     return cache_dir() / "kunit-build" / ARCH_BUILD[arch][0]
-
-
-def llvm_kdir(arch: str = "arm64") -> Path | None:
-    """The clang-built arm64 KUnit kernel's build directory, once a ``kmlc
-    kunit --arch arm64`` run has built it (x86_64's clang tree is
-    ``kernel.clang_tree``)."""
-    k = build_dir(arch)
-    return k if (k / "Module.symvers").is_file() else None
 
 
 def stage_dir() -> Path:

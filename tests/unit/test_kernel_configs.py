@@ -50,7 +50,7 @@ def test_a_clang_tree_is_refused_for_headers_it_cannot_be_made_from(tmp_path, na
     if config:
         (headers / ".config").write_text("CONFIG_64BIT=y\n")
     with pytest.raises(KmlcError) as e:
-        clang_tree(headers)
+        clang_tree(headers=headers)
     assert str(headers) in str(e.value) and "--kdir" in str(e.value)
 
 
