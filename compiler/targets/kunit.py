@@ -50,15 +50,20 @@ TREE_NAME = "linux-source-6.1"
 TARBALL_DIR = Path("/usr/src")
 ARCHES = ("um", "x86_64", "arm64")
 # Per kunit.py arch: build directory name, make options, configuration beyond
-# the suites (kunit.py's own per-arch configuration: the console, the qemu
-# machine).  Nothing else: LLVM=1 module builds use Debian's configuration
-# prepared for clang (kernel.clang_tree), not this kernel's tree.
+# the suites and kunit.py's own per-arch configuration (the console, the qemu
+# machine).  LLVM=1 module builds use Debian's configuration prepared for
+# clang (kernel.clang_tree), not these kernels' trees, so the arm64 kernel
+# turns off defaults the suites do not use, as the debug kernel does
+# (kernels.DEBUG_CONFIG): UEFI (qemu boots the Image directly), the block
+# layer, io_uring, the VT and input layers.
 ARCH_BUILD = {
     "um": ("um", [], ""),
     # booted by kunit.py's own arm64 qemu configuration (-machine virt -cpu
     # cortex-a57: NEON, so float suites run inside a real
     # kernel_neon_begin/end section)
-    "arm64": ("arm64-llvm", ["LLVM=1"], ""),
+    "arm64": ("arm64-llvm", ["LLVM=1"],
+              "CONFIG_EXPERT=y\n# CONFIG_EFI is not set\n# CONFIG_BLOCK is not set\n"
+              "# CONFIG_IO_URING is not set\n# CONFIG_VT is not set\n# CONFIG_INPUT is not set\n"),
 }
 
 
