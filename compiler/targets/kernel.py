@@ -93,7 +93,9 @@ def llvm_kdir(kdir=None, arch: str = "x86_64") -> Path:
     return k
 
 
-# what LLVM=1 builds need, and the Debian packages that have them
+# what building a kernel from source needs, what LLVM=1 builds add, and the
+# Debian packages that have them (``require``)
+KBUILD_TOOLS = (("make", "make"), ("gcc", "gcc"), ("flex", "flex"), ("bison", "bison"))
 CLANG_TOOLS = (("clang", "clang"), ("ld.lld", "lld"), ("llvm-objcopy", "llvm"))
 
 

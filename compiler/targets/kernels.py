@@ -37,8 +37,9 @@ from typing import NamedTuple
 
 from ..errors import KmlcError
 from . import progress
-from .kernel import arm64_kdir, download_package, find_kdir, installed_headers, kernel_config
-from .kunit import cache_dir, locked, source_tree
+from .kernel import (KBUILD_TOOLS, arm64_kdir, download_package, find_kdir, installed_headers,
+                     kernel_config, require)
+from .kunit import UNUSED_DEFAULTS, cache_dir, locked, source_tree
 
 NAMES = ("6.1", "6.12", "rt", "debug")
 
@@ -153,17 +154,13 @@ def _busybox(root: Path, arch: str = "x86_64") -> None:
 
 # alldefconfig plus what the scenarios and KUnit need (a serial console,
 # initramfs, signed modules, kprobes through ftrace, null_blk, device-mapper,
-# ext4, NFS over IPv4 loopback) and the sanitizers; EXPERT only to turn off
-# defaults nothing here uses (io_uring, the VT and input layers, IPv6,
-# ethtool's netlink: 126 of 1,743 objects, leaving 1,617).  _check_config
-# names any line Kconfig did not keep.
+# ext4, NFS over IPv4 loopback) and the sanitizers, without defaults nothing
+# here uses (kunit.UNUSED_DEFAULTS, IPv6, ethtool's netlink: 126 of 1,743
+# objects, leaving 1,617).  _check_config names any line Kconfig did not keep.
 DEBUG_CONFIG = """\
 CONFIG_LOCALVERSION="-kmlc-debug"
 # CONFIG_LOCALVERSION_AUTO is not set
-CONFIG_EXPERT=y
-# CONFIG_IO_URING is not set
-# CONFIG_VT is not set
-# CONFIG_INPUT is not set
+""" + UNUSED_DEFAULTS + """\
 # CONFIG_IPV6 is not set
 # CONFIG_ETHTOOL_NETLINK is not set
 CONFIG_64BIT=y
@@ -269,9 +266,7 @@ def debug_kernel(log=print) -> Kernel:
     """The debug kernel: built from the cached 6.1 source on first use
     (about 20 minutes on 2 cores), then reused while the source and
     DEBUG_CONFIG stay the same."""
-    for tool in ("make", "gcc", "flex", "bison", "bc", "depmod"):
-        if not shutil.which(tool):
-            raise KmlcError(f"{tool} is not installed; run the README's setup command")
+    require(KBUILD_TOOLS + (("bc", "bc"), ("depmod", "kmod")))
     tree = source_tree(log=log)
     build = debug_build_dir()
     source = (cache_dir() / "linux-source-6.1.stamp").read_text()

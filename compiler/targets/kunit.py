@@ -49,21 +49,23 @@ from . import progress
 TREE_NAME = "linux-source-6.1"
 TARBALL_DIR = Path("/usr/src")
 ARCHES = ("um", "x86_64", "arm64")
+# Defaults that no kernel kmlc builds from source uses (the debug kernel,
+# kernels.DEBUG_CONFIG, and arm64's KUnit kernel): io_uring, the VT and input
+# layers; EXPERT makes them optional.
+UNUSED_DEFAULTS = ("CONFIG_EXPERT=y\n# CONFIG_IO_URING is not set\n# CONFIG_VT is not set\n"
+                   "# CONFIG_INPUT is not set\n")
 # Per kunit.py arch: build directory name, make options, configuration beyond
 # the suites and kunit.py's own per-arch configuration (the console, the qemu
 # machine).  LLVM=1 module builds use Debian's configuration prepared for
 # clang (kernel.clang_tree), not these kernels' trees, so the arm64 kernel
-# turns off defaults the suites do not use, as the debug kernel does
-# (kernels.DEBUG_CONFIG): UEFI (qemu boots the Image directly), the block
-# layer, io_uring, the VT and input layers.
+# also turns off UEFI (qemu boots the Image directly) and the block layer.
 ARCH_BUILD = {
     "um": ("um", [], ""),
     # booted by kunit.py's own arm64 qemu configuration (-machine virt -cpu
     # cortex-a57: NEON, so float suites run inside a real
     # kernel_neon_begin/end section)
     "arm64": ("arm64-llvm", ["LLVM=1"],
-              "CONFIG_EXPERT=y\n# CONFIG_EFI is not set\n# CONFIG_BLOCK is not set\n"
-              "# CONFIG_IO_URING is not set\n# CONFIG_VT is not set\n# CONFIG_INPUT is not set\n"),
+              UNUSED_DEFAULTS + "# CONFIG_EFI is not set\n# CONFIG_BLOCK is not set\n"),
 }
 
 
@@ -210,15 +212,12 @@ def run(outdirs: list[Path], *, arch: str = "um", jobs: int | None = None,
     """
     if arch not in ARCHES:
         raise KmlcError(f"unknown --arch {arch}; choose from {', '.join(ARCHES)}")
-    from .kernel import CLANG_TOOLS, require  # kernel.py imports this module
+    from .kernel import CLANG_TOOLS, KBUILD_TOOLS, require  # kernel.py imports this module
     from .qemu import QEMU
 
     # x86_64's suites are modules of the debug kernel, which gcc builds
-    require(([QEMU[arch][:2]] if arch in QEMU else []) +
+    require(list(KBUILD_TOOLS) + ([QEMU[arch][:2]] if arch in QEMU else []) +
             (list(CLANG_TOOLS) if "LLVM=1" in ARCH_BUILD.get(arch, ("", [], ""))[1] else []))
-    for tool in ("make", "gcc", "flex", "bison"):
-        if not shutil.which(tool):
-            raise KmlcError(f"{tool} is not installed; run the README's setup command")
     if arch == "x86_64":
         return _run_as_modules(outdirs, jobs=jobs, out=out)
     tree = source_tree(log=lambda s: print(s, file=out, flush=True))

@@ -454,9 +454,9 @@ MAX_CPU = "max,la57=off"
 def qemu_cpu(kernel: Kernel) -> str:
     """Debian's 6.1 kernel gets every instruction set TCG emulates (AVX2
     included: the self-test and the hooks run each SIMD path of
-    fixed-point models: ``MAX_CPU``); the other kernels keep qemu's default CPU (SSE2: the scalar and
-    SSE2 paths), since the debug kernel's scenarios ran much longer on the
-    larger CPU (docs/hooks.md)."""
+    fixed-point models: ``MAX_CPU``); the other kernels keep qemu's default
+    CPU (SSE2: the scalar and SSE2 paths), since the debug kernel's
+    scenarios ran much longer on the larger CPU (docs/hooks.md)."""
     if kernel.arch == "arm64":
         return "cortex-a57"     # NEON; "max" adds pointer authentication, slow under TCG
     return MAX_CPU if kernel.name == "6.1" else "qemu64"

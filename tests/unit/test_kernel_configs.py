@@ -68,3 +68,18 @@ def test_only_the_clang_built_kunit_kernel_needs_clang(monkeypatch):
     assert kunit.run([], arch="x86_64") == "ran"
     with pytest.raises(KmlcError, match=r"clang is not installed \(package clang\)"):
         kunit.run([], arch="arm64")
+
+
+@pytest.mark.parametrize("tool, package", [("bison", "bison"), ("depmod", "kmod")])
+def test_the_debug_kernel_names_a_missing_build_tool_and_its_package(monkeypatch, tool, package):
+    """Building the debug kernel needs Kbuild's tools and depmod: a missing
+    one is named with its Debian package before anything is unpacked."""
+    import shutil
+
+    from kmlc.targets import kernels
+
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda t: None if t == tool else real(t))
+    monkeypatch.setattr(kernels, "source_tree", lambda **k: pytest.fail("unpacked"))
+    with pytest.raises(KmlcError, match=rf"^{tool} is not installed \(package {package}\)"):
+        kernels.debug_kernel()
