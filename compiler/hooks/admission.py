@@ -11,11 +11,15 @@ import gzip
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import KmlcError
 from .base import Hook, Param, arch_need, Replay, lost_events, read_trace
+
+if TYPE_CHECKING:
+    from ..targets.kernels import Loops
 
 FEATURES = 11
 DM_MAX_TYPE_NAME = 16  # include/uapi/linux/dm-ioctl.h: a target type name and its NUL
@@ -139,9 +143,14 @@ class Admission(Hook):
     def teardown(self, module: str) -> str:
         return "dmsetup remove kmlscript\n"
 
-    def scenario(self, module: str, ko: str, cycles: int) -> str:
-        return HELPERS + SCENARIO.format(module=module, ko=ko, cycles=cycles, fs_mib=FS_MIB,
-                                         fs_sectors=FS_MIB * 2048)
+    def scenario(self, module: str, ko: str, loops: Loops) -> str:
+        rounds = loops.scaled(4, 2)             # the mirror's rounds of reads and writes
+        last = 40 + loops.scaled(80, 20)        # ext4: the last file of the second batch
+        return HELPERS + SCENARIO.format(
+            module=module, ko=ko, cycles=loops.cycles, fs_mib=FS_MIB, fs_sectors=FS_MIB * 2048,
+            rounds=rounds, wblocks=16 * rounds, load_rounds=loops.scaled(3),
+            attach=loops.scaled(100, 10), last=last, files=last - 10,
+            checks=loops.scaled(6, 2))
 
     load = ("dd if=$KML_TARGET of=/dev/null bs=64k count=64 2>/dev/null; "
             "echo 1 > /proc/sys/vm/drop_caches")
@@ -222,7 +231,7 @@ dd if=/tmp/data of=$F bs=1M oflag=direct 2>/dev/null
 for i in $(seq 0 15); do
     dd if=/tmp/data bs=64k skip=$((i * 16)) count=16 2>/dev/null | md5sum > /tmp/want.$i
 done
-dd if=/dev/urandom of=/tmp/wdata bs=64k count=64 2>/dev/null
+dd if=/dev/urandom of=/tmp/wdata bs=64k count={wblocks} 2>/dev/null
 bad=0
 read_all() {{
     for i in $(seq 0 15); do
@@ -247,12 +256,12 @@ write_some() {{
 kml_trace_on $M
 dmsetup create kmladm --table "0 40960 $M $S $F" || kml_result $M-mirror FAIL create
 DEV=/dev/mapper/kmladm
-for round in 1 2 3 4; do
+for round in $(seq {rounds}); do
     echo 3 > /proc/sys/vm/drop_caches; write_some $round & read_all $DEV; wait
 done
 want=$(md5sum < /tmp/wdata)
 for w in $DEV $S $F; do
-    [ "$(dd if=$w bs=64k skip=256 count=64 iflag=direct 2>/dev/null | md5sum)" = "$want" ] ||
+    [ "$(dd if=$w bs=64k skip=256 count={wblocks} iflag=direct 2>/dev/null | md5sum)" = "$want" ] ||
         bad=$((bad + 1))
 done
 same=$([ "$(dd if=$S bs=1M count=20 iflag=direct 2>/dev/null | md5sum)" = \
@@ -260,7 +269,7 @@ same=$([ "$(dd if=$S bs=1M count=20 iflag=direct 2>/dev/null | md5sum)" = \
 kml_trace_dump $M mirror
 dmsetup status kmladm
 reads=$(kml_status kmladm reads); w0=$(kml_leg kmladm 0 1); w1=$(kml_leg kmladm 1 1)
-if [ $bad -eq 0 ] && [ "$reads" -ge 200 ] && [ "$w0" -ge 64 ] && [ "$w1" -ge 64 ] &&
+if [ $bad -eq 0 ] && [ "$reads" -ge 200 ] && [ "$w0" -ge {wblocks} ] && [ "$w1" -ge {wblocks} ] &&
    [ $same = yes ] && [ "$(kml_health kmladm)" = AA ]; then
     kml_result $M-mirror PASS "$reads reads checksummed; writes: leg 0 $w0, leg 1 $w1; legs identical"
 else
@@ -289,14 +298,14 @@ else
     kml_result $M-shadow FAIL "decided=$sinf shadow=$sh leg1_reads=$sr1 checksum_errors=$bad"
 fi
 
-# attach and detach the model 100 times under load
+# attach and detach the model {attach} times under load
 bad=0
-( for round in 1 2 3; do echo 3 > /proc/sys/vm/drop_caches; read_all $DEV; done
+( for round in $(seq {load_rounds}); do echo 3 > /proc/sys/vm/drop_caches; read_all $DEV; done
   echo $bad > /tmp/bad.load ) &
-for c in $(seq 100); do echo 0 > $P/enabled; echo 1 > $P/enabled; done
+for c in $(seq {attach}); do echo 0 > $P/enabled; echo 1 > $P/enabled; done
 wait
 lbad=$(cat /tmp/bad.load)
-[ "$lbad" = 0 ] && kml_result $M-attach-cycles PASS "100 cycles under load" ||
+[ "$lbad" = 0 ] && kml_result $M-attach-cycles PASS "{attach} cycles under load" ||
     kml_result $M-attach-cycles FAIL "checksum_errors=$lbad"
 dmsetup remove kmladm || kml_result $M-mirror FAIL remove
 
@@ -337,8 +346,8 @@ fl0=$(( $(flushes kmlb0) - fl0 )); fl1=$(( $(flushes kmlb1) - fl1 ))
 fua0=$(kml_leg kmlfs 0 3); fua1=$(kml_leg kmlfs 1 3)
 dc0=$(kml_leg kmlfs 0 4); dc1=$(kml_leg kmlfs 1 4)
 mount -t ext4 /dev/mapper/kmlfs /mnt/kmlfs || fsbad=$((fsbad + 1))
-( writes 41 120; echo $fsbad > /tmp/fsbad ) &
-( for r in 1 2 3 4 5 6; do check_files; done ) &
+( writes 41 {last}; echo $fsbad > /tmp/fsbad ) &
+( for r in $(seq {checks}); do check_files; done ) &
 sleep 2
 dmsetup suspend kmlleg0 && dmsetup reload kmlleg0 --table "0 {fs_sectors} error" &&
     dmsetup resume kmlleg0
@@ -356,7 +365,7 @@ dmsetup status kmlfs
 if [ $fsbad -eq 0 ] && [ "$fserr" -eq 0 ] && [ $legs_same = yes ] && [ "$fl0" -gt 0 ] &&
    [ "$fl1" -gt 0 ] && [ "$fua0" -gt 0 ] && [ "$fua1" -gt 0 ] && [ "$dc0" -gt 0 ] &&
    [ "$dc1" -gt 0 ] && [ "$health" = DA ] && echo "$table" | grep -q "failed 0"; then
-    kml_result $M-ext4 PASS "110 files intact with the primary failed mid-run ($health); legs identical after sync; flushes $fl0/$fl1 fua $fua0/$fua1 discards $dc0/$dc1"
+    kml_result $M-ext4 PASS "{files} files intact with the primary failed mid-run ($health); legs identical after sync; flushes $fl0/$fl1 fua $fua0/$fua1 discards $dc0/$dc1"
 else
     kml_result $M-ext4 FAIL "errors=$fsbad fs_errors=$fserr legs identical: $legs_same flushes $fl0/$fl1 fua $fua0/$fua1 discards $dc0/$dc1 health $health table '$table'"
 fi

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import KmlcError
+
+if TYPE_CHECKING:
+    from ..targets.kernels import Loops
 
 
 def runtime_kernel_dir() -> Path:
@@ -252,8 +255,10 @@ class Hook:
         """Shell: after a user's --script, undo the setup so that the module unloads."""
         return ""
 
-    def scenario(self, module: str, ko: str, cycles: int) -> str:
-        """Shell: the hook's own scenario, printing KMLC-RESULT lines."""
+    def scenario(self, module: str, ko: str, loops: Loops) -> str:
+        """Shell: the hook's own scenario, printing KMLC-RESULT lines, with
+        the kernel's ``loops`` (targets/kernels.py): its reload cycles and
+        the volume of data its steps move."""
         raise NotImplementedError
 
     # a shell loop body that makes the hook decide, in the setup's

@@ -6,10 +6,15 @@ of mounts; the trace events of ``kml_nfs_trace.h``); the twin's replay is
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..errors import KmlcError
 from .base import ClassHook, Param, arch_need, Replay, lost_events, read_trace
+
+if TYPE_CHECKING:
+    from ..targets.kernels import Loops
 
 FEATURES = 8
 # KML's rsize per class (readrandom, readrandomwriterandom, readseq, readreverse), bytes.
@@ -154,8 +159,11 @@ CFLAGS_kml_nfs.o += $(call cc-disable-warning,tautological-constant-out-of-range
     load = ("dd if=$KML_MOUNT/data of=/dev/null bs=64k count=64 2>/dev/null; "
             "echo 3 > /proc/sys/vm/drop_caches")
 
-    def scenario(self, module: str, ko: str, cycles: int) -> str:
-        return SERVER + SCENARIO.format(module=module, ko=ko, cycles=cycles)
+    def scenario(self, module: str, ko: str, loops: Loops) -> str:
+        return SERVER + SCENARIO.format(
+            module=module, ko=ko, cycles=loops.cycles, rand=loops.scaled(1500, 300),
+            seq=loops.scaled(3072, 1024), reads=loops.scaled(1000, 300),
+            seq_reads=loops.scaled(2048, 512))
 
     def about(self, module: str, tag: str, rep: Replay) -> list[str]:
         if not len(rep.decisions):
@@ -220,8 +228,8 @@ DEV=$(awk -v n=$N '$5 == n {{print $3}}' /proc/self/mountinfo)
 rsize() {{ grep " $1 " /proc/mounts | tr , '\n' | sed -n 's/^rsize=//p'; }}
 in_cgroup() {{ sh -c "echo \$\$ > /sys/fs/cgroup/kml/cgroup.procs 2>/dev/null; exec $*"; }}
 orig=$(rsize $N)
-want_rand=$(kml_reader rand /export/data 8192 1500 7)
-want_seq=$(kml_reader seq /export/data 8192 3072)
+want_rand=$(kml_reader rand /export/data 8192 {rand} 7)
+want_seq=$(kml_reader seq /export/data 8192 {seq})
 
 # events flow: random then sequential reads in 200 ms windows, every byte
 # checksummed; the trace replays (host)
@@ -229,10 +237,10 @@ rmmod $M
 insmod /lib/kmlc/{ko} dev=$DEV window_ms=200 vote=3
 kml_trace_on $M
 echo 3 > /proc/sys/vm/drop_caches
-got_rand=$(kml_reader rand $N/data 8192 1500 7)
+got_rand=$(kml_reader rand $N/data 8192 {rand} 7)
 r_rand=$(rsize $N)
 echo 3 > /proc/sys/vm/drop_caches
-got_seq=$(in_cgroup kml_reader seq $N/data 8192 3072)
+got_seq=$(in_cgroup kml_reader seq $N/data 8192 {seq})
 r_seq=$(rsize $N)
 kml_trace_dump $M reads
 cat $D/stats
@@ -257,7 +265,7 @@ read_until_rsize() {{
     i=0
     while [ $i -lt 5 ]; do
         echo 3 > /proc/sys/vm/drop_caches
-        kml_reader rand $N/data 8192 1000 $(($2 + i)) > /dev/null
+        kml_reader rand $N/data 8192 {reads} $(($2 + i)) > /dev/null
         [ "$(rsize $N)" = "$1" ] && break
         i=$((i + 1))
     done
@@ -266,7 +274,7 @@ read_until_rsize 4096 5
 r_on=$(rsize $N)
 echo 0 > $P/enabled
 r_off=$(rsize $N)
-kml_reader rand $N/data 8192 1000 5 > /dev/null
+kml_reader rand $N/data 8192 {reads} 5 > /dev/null
 r_off2=$(rsize $N)
 echo 1 > $P/enabled
 read_until_rsize 4096 16
@@ -274,7 +282,7 @@ r_on2=$(rsize $N)
 rmmod $M
 r_unload=$(rsize $N)
 insmod /lib/kmlc/{ko} dev=0:1 window_ms=100 rsize=4096,4096,4096,4096
-kml_reader rand $N/data 8192 1000 7 > /dev/null
+kml_reader rand $N/data 8192 {reads} 7 > /dev/null
 r_other=$(rsize $N)
 tracked=$(cat $D/mounts)
 rmmod $M
@@ -290,15 +298,15 @@ fi
 # NFS gives it a superblock of its own (nfs_compare_mount_options() compares
 # rsize); the hook tracks it as a mount of its own, and both read right
 insmod /lib/kmlc/{ko} window_ms=50 rsize=4096,4096,4096,4096
-kml_reader rand $N/data 8192 1000 8 > /dev/null
+kml_reader rand $N/data 8192 {reads} 8 > /dev/null
 kml_mount 127.0.0.1:/ /mnt/kmlnfs2 nfs4 $opts
 DEV2=$(awk '$5 == "/mnt/kmlnfs2" {{print $3}}' /proc/self/mountinfo)
-r2=$(kml_reader rand /mnt/kmlnfs2/data 8192 1000 9)
-r1=$(kml_reader rand $N/data 8192 1000 9)
+r2=$(kml_reader rand /mnt/kmlnfs2/data 8192 {reads} 9)
+r1=$(kml_reader rand $N/data 8192 {reads} 9)
 nmounts=$(wc -l < $D/mounts)
 umount /mnt/kmlnfs2
 rmmod $M
-if [ "$DEV2" != "$DEV" ] && [ "$r1" = "$r2" ] && [ "$r1" = "$(kml_reader rand /export/data 8192 1000 9)" ] &&
+if [ "$DEV2" != "$DEV" ] && [ "$r1" = "$r2" ] && [ "$r1" = "$(kml_reader rand /export/data 8192 {reads} 9)" ] &&
    [ "$nmounts" = 2 ] && [ "$(rsize $N)" = "$orig" ]; then
     kml_result $M-second-mount PASS "own superblock $DEV2 beside $DEV, $nmounts mounts tracked, data identical"
 else
@@ -309,12 +317,12 @@ fi
 # sequential reads, in the small cgroup so that it keeps reading from the
 # server; every read checksummed
 insmod /lib/kmlc/{ko} window_ms=50 vote=2
-want1=$(kml_reader rand /export/data 8192 1000 11)
-want2=$(kml_reader seq /export/data 8192 2048)
+want1=$(kml_reader rand /export/data 8192 {reads} 11)
+want2=$(kml_reader seq /export/data 8192 {seq_reads})
 rm -f /tmp/stop /tmp/bad
 ( while [ ! -f /tmp/stop ]; do
-      [ "$(in_cgroup kml_reader rand $N/data 8192 1000 11)" = "$want1" ] || echo rand >> /tmp/bad
-      [ "$(in_cgroup kml_reader seq $N/data 8192 2048)" = "$want2" ] || echo seq >> /tmp/bad
+      [ "$(in_cgroup kml_reader rand $N/data 8192 {reads} 11)" = "$want1" ] || echo rand >> /tmp/bad
+      [ "$(in_cgroup kml_reader seq $N/data 8192 {seq_reads})" = "$want2" ] || echo seq >> /tmp/bad
   done ) &
 sleep 1
 before=$(kml_held)
@@ -345,7 +353,7 @@ insmod /lib/kmlc/{ko} window_ms=50
 early=$(dmesg | grep "$M: attached" | tail -1)
 insmod /lib/debian/nfs.ko && insmod /lib/debian/nfsv4.ko || bad=$((bad + 1))
 kml_mount 127.0.0.1:/ $N nfs4 $opts || bad=$((bad + 1))
-kml_reader rand $N/data 8192 1000 9 > /dev/null
+kml_reader rand $N/data 8192 {reads} 9 > /dev/null
 reads=$(stat_of reads)
 umount $N || bad=$((bad + 1))
 unload_nfs || bad=$((bad + 1))

@@ -7,10 +7,15 @@ is ``runtime-user/kml_ra_twin.c``.  docs/hooks.md describes the behaviour.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..errors import KmlcError
 from .base import ClassHook, Param, arch_need, Replay, lost_events, read_trace
+
+if TYPE_CHECKING:
+    from ..targets.kernels import Loops
 
 # KML's four classes, in the order of the model's outputs.
 CLASSES = ("readrandom", "readrandomwriterandom", "readseq", "readreverse")
@@ -99,8 +104,10 @@ class Readahead(ClassHook):
         """A scratch disk for a user's script: $KML_DISK."""
         return SETUP
 
-    def scenario(self, module: str, ko: str, cycles: int) -> str:
-        return SCENARIO.format(module=module, ko=ko, cycles=cycles)
+    def scenario(self, module: str, ko: str, loops: Loops) -> str:
+        return SCENARIO.format(module=module, ko=ko, cycles=loops.cycles,
+                               seq=loops.scaled(4096, 1024), rand=loops.scaled(1024, 256),
+                               each=loops.scaled(40, 16), phase=loops.scaled(4096, 1024))
 
     load = ("dd if=$KML_DISK of=/dev/null bs=128k count=32 2>/dev/null; "
             "echo 1 > /proc/sys/vm/drop_caches")
@@ -149,12 +156,12 @@ echo 3 > /proc/sys/vm/drop_caches
 echo 16 > $P/window_events
 kml_trace_on $M
 bad=0
-seq_sum=$(kml_reader seq /dev/kmlr0 4096 4096)
-rand_sum=$(kml_reader rand /dev/kmlr1 4096 1024 7)
+seq_sum=$(kml_reader seq /dev/kmlr0 4096 {seq})
+rand_sum=$(kml_reader rand /dev/kmlr1 4096 {rand} 7)
 echo 3 > /proc/sys/vm/drop_caches
-[ "$(kml_reader mseq /dev/kmlr2 4096 4096)" = "$seq_sum" ] || bad=$((bad + 1))
-[ "$(kml_reader mrand /dev/kmlr3 4096 1024 7)" = "$rand_sum" ] || bad=$((bad + 1))
-[ "$(kml_reader seq /dev/kmlr2 4096 4096)" = "$seq_sum" ] || bad=$((bad + 1))
+[ "$(kml_reader mseq /dev/kmlr2 4096 {seq})" = "$seq_sum" ] || bad=$((bad + 1))
+[ "$(kml_reader mrand /dev/kmlr3 4096 {rand} 7)" = "$rand_sum" ] || bad=$((bad + 1))
+[ "$(kml_reader seq /dev/kmlr2 4096 {seq})" = "$seq_sum" ] || bad=$((bad + 1))
 kml_trace_dump $M reads
 cat $D/stats
 misses=$(stat_of misses); faults=$(stat_of faults); windows=$(stat_of windows)
@@ -171,7 +178,7 @@ echo 2 > $P/window_events
 kml_trace_on $M
 ev0=$(stat_of evictions)
 rm -f /tmp/hold /tmp/multi
-kml_reader multi /dev/kmlr4 256 64 40 /tmp/hold > /tmp/multi &
+kml_reader multi /dev/kmlr4 256 64 {each} /tmp/hold > /tmp/multi &
 while [ ! -s /tmp/multi ]; do sleep 0.1; done
 sleep 1
 decided=$(awk '$3 >= 0' $D/files | wc -l)
@@ -201,7 +208,7 @@ else
 fi
 
 # detaching and unloading give each file its own readahead back: read I/Os
-# for 4096 sequential pages with the hook's 4 pages, then with the
+# for {phase} sequential pages with the hook's 4 pages, then with the
 # kernel's 32.  Each phase starts a new stream at a far offset (a stream's
 # window does not shrink in Debian's 6.1: ondemand_readahead() keeps
 # max(size, next size)), after a first phase that gets the file its
@@ -211,7 +218,7 @@ fi
 for g in benefit_every rate_ms envelope_pct; do echo 0 > $P/guard_$g; done
 echo 4,4,4,4 > $P/ra_pages
 phases() {{ rm -rf /tmp/ph; mkdir -p /tmp/ph
-    kml_reader phases /dev/$1 4096 3 /tmp/ph > /dev/null & }}
+    kml_reader phases /dev/$1 {phase} 3 /tmp/ph > /dev/null & }}
 phase() {{ a=$(ios $1); touch /tmp/ph/go.$2
     while [ ! -f /tmp/ph/done.$2 ]; do sleep 0.05; done; echo $(( $(ios $1) - a )); }}
 phases kmlr5

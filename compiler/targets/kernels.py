@@ -48,6 +48,11 @@ class Loops(NamedTuple):
     """The iteration counts of a boot's scenarios."""
     cycles: int     # module unload/reload cycles under load, per hooked model
     swaps: int      # weight-set swaps under load, per model given --weights
+    volume: int = 100   # percent of the data each scenario step reads and writes
+
+    def scaled(self, n: int, least: int = 1) -> int:
+        """A step's count ``n`` (reads, files, rounds) at this volume, at least ``least``."""
+        return max(least, n * self.volume // 100)
 
 
 @dataclass
@@ -75,10 +80,14 @@ class Kernel:
         gets a quarter of them).  arm64, whose instructions TCG translates
         from another architecture's, several times slower: 5 and 20.  The
         hooks' C is the same on every kernel: the long loops of the x86-64
-        kernels are what bound leaks and races."""
+        kernels are what bound leaks and races.  The same holds for the data
+        the scenarios' steps move (files written, reads checksummed, load
+        rounds): the debug kernel and arm64 move 40% of it, the least each
+        step's check still needs (``Loops.scaled``); under KASAN every byte
+        costs several times Debian's kernel's."""
         if self.arch != "x86_64":
-            return Loops(5, 20)
-        return Loops(5, 25) if self.debug else Loops(25, 100)
+            return Loops(5, 20, 40)
+        return Loops(5, 25, 40) if self.debug else Loops(25, 100)
 
     @property
     def vmlinuz(self) -> Path:

@@ -300,7 +300,7 @@ def model_scenario(outdir: Path, kernel: Kernel, script: Path | None = None,
         if "kml_dmsetup" in hook.tools:
             files["bin/dmsetup"] = tool("kml_dmsetup", kernel.arch)
         if script is None:
-            body = param_checks(mod, hook) + hook.scenario(mod, ko.name, loops.cycles)
+            body = param_checks(mod, hook) + hook.scenario(mod, ko.name, loops)
     if script is not None:
         files["lib/kmlc/user-script.sh"] = Path(script)
         setup = hook.setup(mod) if hook is not None else ""
@@ -615,7 +615,7 @@ def run(outdirs: list[Path], *, kernel: str | None = None, kdir=None,
         raise KmlcError("no such script", where=str(script))
     sets = match_sets(outdirs, weights)
     k = resolve(kernel, kdir, log=log, arch=arch)
-    loops = Loops(cycles or k.loops.cycles, swaps or k.loops.swaps)
+    loops = k.loops._replace(cycles=cycles or k.loops.cycles, swaps=swaps or k.loops.swaps)
     with tempfile.TemporaryDirectory(prefix="kmlc-swap-") as scratch:
         scenarios = [model_scenario(d, k, script, sets.get(Path(d)), Path(scratch),
                                     modules.get(Path(d)), loops=loops) for d in outdirs]

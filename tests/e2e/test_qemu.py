@@ -146,11 +146,18 @@ def check_hooks(res, dirs, swaps=()):
         assert any(k.startswith(f"{mod}-guard-") and v == "PASS" for k, v in status.items()), \
             res["lines"]
     lines = {ln.split(":", 1)[0]: ln for ln in res["lines"]}
-    # the loops ran as long as the kernel's counts say (Kernel.loops)
-    cycles, n = res["loops"]
+    # the loops ran as long as the kernel's counts say (Kernel.loops), and
+    # the steps moved the kernel's volume of data
+    loops = res["loops"]
+    cycles, n = loops.cycles, loops.swaps
     for d in dirs:
-        mod = json.loads((d / "kmlc.json").read_text())["module"]
+        meta = json.loads((d / "kmlc.json").read_text())
+        mod = meta["module"]
         assert re.search(rf"-reload-cycles: PASS {cycles} cycles", lines[f"{mod}-reload-cycles"])
+        if meta["hooks"][0] == "admission":
+            assert f"-attach-cycles: PASS {loops.scaled(100, 10)} cycles under load" in \
+                lines[f"{mod}-attach-cycles"]
+            assert f"-ext4: PASS {30 + loops.scaled(80, 20)} files intact" in lines[f"{mod}-ext4"]
     for d in swaps:
         mod = json.loads((d / "kmlc.json").read_text())["module"]
         m = re.search(rf"{n} swaps over 3 sets.* (\d+) inferences meanwhile", lines[f"{mod}-swap"])

@@ -292,7 +292,8 @@ def test_a_boots_default_timeout_grows_with_its_scenarios():
 
 def test_scenario_loops_are_the_kernels_unless_asked():
     """Debian's x86-64 kernels run 25 reload cycles and 100 swaps; the
-    debug kernel 5 and 25; arm64 5 and 20;
+    debug kernel 5 and 25; arm64 5 and 20; the debug kernel and arm64 move
+    40% of the scenarios' data;
     a count given to the scenario is the count its shell loops run and
     report."""
     from pathlib import Path
@@ -304,11 +305,23 @@ def test_scenario_loops_are_the_kernels_unless_asked():
     fast = Kernel("rt", Path("/k"), "6.1.0-rt-amd64", Path("/r"))
     dbg = Kernel("debug", Path("/k"), "6.1.0-kmlc-debug", Path("/r"), debug=True)
     arm = Kernel("6.1", Path("/k"), "6.1.0-arm64", Path("/r"), arch="arm64")
-    assert fast.loops == Loops(25, 100) and dbg.loops == Loops(5, 25)
-    assert arm.loops == Loops(5, 20)
+    assert fast.loops == Loops(25, 100, 100) and dbg.loops == Loops(5, 25, 40)
+    assert arm.loops == Loops(5, 20, 40)
     for hook in ("readahead", "nfs-rsize", "admission"):
-        text = owner(hook).scenario("kml_x", "kml_x.ko", 7)
+        text = owner(hook).scenario("kml_x", "kml_x.ko", Loops(7, 1))
         assert "for c in $(seq 7); do" in text and '"7 cycles' in text, hook
+    # the data the steps move: all of it on Debian's x86-64 kernels, 40% (at
+    # least what each check needs) on the debug kernel
+    full, part = (owner("admission").scenario("m", "m.ko", k.loops) for k in (fast, dbg))
+    assert "for c in $(seq 100); do echo 0 > $P/enabled" in full
+    assert "for c in $(seq 40); do echo 0 > $P/enabled" in part
+    assert "writes 41 120;" in full and "writes 41 72;" in part and '"62 files intact' in part
+    assert "for round in $(seq 4); do" in full and "for round in $(seq 2); do" in part
+    assert '[ "$w0" -ge 64 ]' in full and '[ "$w0" -ge 32 ]' in part
+    full, part = (owner("nfs-rsize").scenario("m", "m.ko", k.loops) for k in (fast, dbg))
+    assert full.count("8192 1000 ") == 10 and part.count("8192 400 ") == 10
+    full, part = (owner("readahead").scenario("m", "m.ko", k.loops) for k in (fast, dbg))
+    assert "phases /dev/$1 4096 3" in full and "phases /dev/$1 1638 3" in part
     text = swap_scenario("kml_x", None, 3, 13)
     assert "while [ $i -lt 13 ]" in text and "running $(( (13 - 2) % 3 ))" in text
     assert '"13 swaps over 3 sets' in text
