@@ -52,11 +52,24 @@ def line(what: str, done: int, expected: int | None, elapsed: float) -> str:
     return text
 
 
+class _Stop(threading.Event):
+    """An event whose set() waits out a line being logged: once it returns,
+    the watch logs nothing more."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+
+    def set(self):
+        with self.lock:
+            super().set()
+
+
 @contextmanager
 def watch(build: Path, what: str, expected: int | None, log=print, every: float = 60.0):
     build = Path(build)
     start = time.time()
-    stop = threading.Event()
+    stop = _Stop()
 
     def run():
         partial = None           # decided at the first count: nothing is scanned up front
@@ -65,7 +78,10 @@ def watch(build: Path, what: str, expected: int | None, log=print, every: float 
             total, done = objects(build, start - 1.0) if build.is_dir() else (0, 0)
             if partial is None:
                 partial = expected is not None and total - done > expected // 2
-            log(line(what, done, None if partial else expected, time.time() - start))
+            text = line(what, done, None if partial else expected, time.time() - start)
+            with stop.lock:
+                if not stop.is_set():
+                    log(text)
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
