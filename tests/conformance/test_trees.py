@@ -491,35 +491,21 @@ def test_tree_modules_build_and_checkpatch_clean(kernel_builds):
         kernel.build_module(d / "kernel")
 
 
-# Golden vectors per acceptance suite, per kernel: UML runs 64 held-out
-# rows; the x86_64 debug kernel (lockdep, KASAN, UBSAN, under TCG: about
-# 0.3 s a case there, against milliseconds in UML) runs the first 16 of
-# them, which is what it adds: the same C built with the x86_64 kernel's
-# flags, in a real FPU section, under the sanitizers.
-ACCEPTANCE_VECTORS = {"um": 64, "x86_64": 16}
-
-
 @pytest.fixture(scope="module")
 def acceptance_builds(trained, tmp_path_factory):
     """The acceptance ensembles (every estimator, both feature sets, both
-    numerics) as module, twin and KUnit sources, golden vectors from the
-    first ``count`` held-out rows: a function of ``count``."""
+    numerics) as module, twin and KUnit sources; golden vectors from the
+    held-out rows."""
     d = tmp_path_factory.mktemp("tree_acceptance")
-    builds = {}
-
-    def build(count: int) -> dict:
-        if count not in builds:
-            builds[count] = {}
-            for (data, name), (est, x, xt) in trained.items():
-                for numerics in ("float", "fixed"):
-                    tag = f"ta_{data[0]}{name}_{numerics[:2]}"
-                    kmlc.compile(est, xt[:5], d / str(count) / tag, name=tag,
-                                 numerics=numerics,
-                                 calibration=x if numerics == "fixed" else None,
-                                 golden_data=xt[:count], golden_count=count)
-                    builds[count][tag] = d / str(count) / tag
-        return builds[count]
-    return build
+    out = {}
+    for (data, name), (est, x, xt) in trained.items():
+        for numerics in ("float", "fixed"):
+            tag = f"ta_{data[0]}{name}_{numerics[:2]}"
+            kmlc.compile(est, xt[:5], d / tag, name=tag, numerics=numerics,
+                         calibration=x if numerics == "fixed" else None,
+                         golden_data=xt[:64], golden_count=64)
+            out[tag] = d / tag
+    return out
 
 
 @pytest.mark.kunit
@@ -534,15 +520,12 @@ def test_tree_modules_equal_their_twins_under_kunit(kernel_builds, acceptance_bu
       AVERAGE);
     - every acceptance ensemble (DecisionTree depth 8, RandomForest 100x6,
       GradientBoosting and LightGBM 200x4, XGBRegressor; Heimdall-like and
-      KML-like features; float and fixed point) on held-out rows: 64 in
-      UML, 16 of them in the debug kernel (ACCEPTANCE_VECTORS)."""
+      KML-like features; float and fixed point) on 64 held-out rows."""
     from kmlc.targets import kunit
 
-    count = ACCEPTANCE_VECTORS[arch]
-    accept = acceptance_builds(count)
-    res = kunit.run(list(kernel_builds.values()) + list(accept.values()), arch=arch)
+    res = kunit.run(list(kernel_builds.values()) + list(acceptance_builds.values()), arch=arch)
     assert res["ok"], res["summary"]
     for tag, d in kernel_builds.items():
         assert res["suites"][f"kml_{tag}"]["passed"] == kunit.cases(d) >= 33, res["summary"]
-    for tag, d in accept.items():
-        assert res["suites"][f"kml_{tag}"]["passed"] == kunit.cases(d) >= count, res["summary"]
+    for tag, d in acceptance_builds.items():
+        assert res["suites"][f"kml_{tag}"]["passed"] == kunit.cases(d) >= 64, res["summary"]
