@@ -260,7 +260,7 @@ kml_result $M-policy INFO "rsize $orig -> after random reads $r_rand -> after se
 echo 50 > $P/window_ms
 echo 4096,4096,4096,4096 > $P/rsize
 # reads until the model's choice is in force: a decision takes 3 windows
-# that saw READs, and on a loaded TCG host 1000 reads can span fewer
+# that saw READs, and on a loaded TCG host one round of reads can span fewer
 read_until_rsize() {{
     i=0
     while [ $i -lt 5 ]; do
