@@ -120,10 +120,50 @@ static inline s64 kml_s32_of(u64 v)
 	return (s64)((v & 0xffffffffULL) ^ 0x80000000ULL) - 0x80000000LL;
 }
 
+static inline void kml_unpack2_to(u64 p, s64 *lo, s64 *hi)
+{
+	*lo = kml_s32_of(p);
+	*hi = kml_s32_of((p - (u64)*lo) >> 32);
+}
+
 static inline void kml_unpack2(u64 p, s64 *a)
 {
-	a[0] = kml_s32_of(p);
-	a[1] = kml_s32_of((p - (u64)a[0]) >> 32);
+	kml_unpack2_to(p, &a[0], &a[1]);
+}
+
+/*
+ * Offset pairs (passes/lower.py): the scalar path of int8 weights stored in
+ * input pairs, for a full tile of 8 outputs, whose 16 weight bytes for
+ * inputs 2k and 2k + 1 are [n][j] (output n, input 2k + j).  One 64-bit
+ * load of bytes 0..7 (outputs 0..3), each byte's top bit flipped so that
+ * it holds w + 128 in 0..255 (kml_w8_quad), carries four pairs of weights
+ * 4 bytes apart: kml_w8_lane(v, 2 * p + j) is (w + 128 of output p) +
+ * (w + 128 of output p + 2) * 2^32 for input 2k + j, p = 0, 1, ready for
+ * one 64-bit multiply (kml_pack2's lanes) with no sign to extend: a
+ * shift and a mask per pair where kml_pack2 takes two loads, a shift and
+ * an add.  Every lane then sums x[k] * (w[k] + 128), the layer's sum plus
+ * 128 times the inputs' sum, which the epilogue takes off; the compiler
+ * takes this path only where 255 * K * max|x| < 2^31, so that each lane's
+ * sum lies in int32 whatever the int8 weights are (kml_unpack2 is exact,
+ * and a new weight set needs no new proof).
+ */
+#define KML_W8_OFFSET 0x8080808080808080ULL
+#define KML_W8_LANES 0x000000ff000000ffULL
+
+static inline u64 kml_w8_quad(const s8 *w)
+{
+	u64 v;
+
+	__builtin_memcpy(&v, w, sizeof(v));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+	v = __builtin_bswap64(v);	/* byte 0 in the low bits, as on little-endian */
+#endif
+	return v ^ KML_W8_OFFSET;
+}
+
+static inline u64 kml_w8_lane(u64 v, unsigned int i)
+{
+	return (v >> (8 * i)) & KML_W8_LANES;
 }
 
 /*
@@ -142,6 +182,23 @@ static inline s64 kml_requant_relu(s64 acc, u32 mult, unsigned int shift)
 static inline s64 kml_clamp(s64 v, s64 lo, s64 hi)
 {
 	return v < lo ? lo : v > hi ? hi : v;
+}
+
+/*
+ * A ReLU's output code: r (kml_requant_relu's, >= 0) plus the zero point
+ * zp, the ReLU's floor, clamped at hi; r + zp >= zp, so only the top is
+ * tested.  kml_relu_out_n adds 1 to *sat when it clamps (hi = 32767: the
+ * value left the int16 encoding).
+ */
+static inline s64 kml_relu_out(s64 r, s64 zp, s64 hi)
+{
+	return r > hi - zp ? hi : r + zp;
+}
+
+static inline s64 kml_relu_out_n(s64 r, s64 zp, s64 hi, unsigned int *sat)
+{
+	*sat += r > hi - zp;
+	return kml_relu_out(r, zp, hi);
 }
 
 /*

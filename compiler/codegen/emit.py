@@ -336,6 +336,11 @@ def q_output(p: dict, v: str, mult: str, shift: str, raw: bool = False) -> str:
     if p["mode"] == "lut":
         return f"kml_{p['fn']}_q15(kml_sat_s32({r}))"
     zp = p.get("zp", 0)
+    if p.get("requant") == "relu" and p["lo"] == zp:
+        # r >= 0: the floor holds by itself (kml_relu_out)
+        if p.get("counts") and p["hi"] == 32767:
+            return f"kml_relu_out_n({r}, {zp}, {p['hi']}, &sat)"
+        return f"kml_relu_out({r}, {zp}, {p['hi']})"
     r = f"{r} + {zp}" if zp > 0 else (f"{r} - {-zp}" if zp < 0 else r)
     if p.get("counts"):
         # leaving the int16 encoding is a saturation; a ReLU's or Clip's

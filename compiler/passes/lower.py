@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KmlcError
-from ..ir import BOOL, DTYPES, F32, I16, I32, I64, U8, U32, DType, Graph, Value, c_identifier, \
+from ..ir import BOOL, DTYPES, F32, I8, I16, I32, I64, U8, U32, DType, Graph, Value, c_identifier, \
     fresh_namer
 from ..ops import ELEMENTWISE, MATH, MOVES
 from ..schedule import SIMD_ISAS, Buffer, Kernel, Port, Program
@@ -394,6 +394,13 @@ class _Lowering:
         wtiles, tiling = self.tiles(wkn, w.type.dtype, PAIR_TILE if in_pairs else QDENSE_TILE,
                                     w.name, merge=not in_pairs, in_pairs=in_pairs)
         tiling["pairs"] = pairs
+        # the scalar path's full tiles of int8 weights: offset pairs
+        # (kml_fixed.h, kml_w8_quad), where every lane's sum of x * (w + 128)
+        # is in int32 for any int8 weights, whatever the proof says of the
+        # layer's own sums (the bias joins them in s64)
+        tiling["offset"] = (w.type.dtype == I8 and in_pairs and tiling["count"] > 0
+                            and tiling["width"] == PAIR_TILE
+                            and 255 * 2 * (k // 2) * int(a["x_max"]) < 2**31)
         tiling["simd"] = in_pairs and tiling["count"] > 0   # full tiles: the SIMD paths' share
         # ... which requantize in vectors too, on the paths listed, for a
         # plain clamp into int16: int32 sums on both (kml_requant8_avx2),

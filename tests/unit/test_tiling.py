@@ -137,3 +137,46 @@ def test_fixed_point_memory_targets(tmp_path):
                  name="lin", calibration=lin.rows(2000, seed=5) if numerics == "fixed" else None)
         size[numerics] = json.loads((tmp_path / numerics / "kmlc.json").read_text())["weight_bytes"]
     assert size["fixed"] <= 0.55 * size["float"], size
+
+
+@pytest.mark.parametrize("k,offset", [(256, True), (258, False)])
+def test_offset_pairs_at_their_lane_bound(k, offset, tmp_path):
+    """Offset pairs (kml_fixed.h, kml_w8_quad) sum x * (w + 128) in 32-bit
+    lanes, which holds for any int8 weights only while 255 * K * max|x| <
+    2^31: with int16 inputs, K = 256 inputs at most.  A layer of K inputs
+    whose codes all reach -32768 (every ReLU before it off) or 32767 (all
+    on), with a channel of weights all 127 (w + 128 = 255: the lane's
+    extreme), one all -127 and mixed ones, against the integer evaluator;
+    K = 258 must take the other path, and still be right.  Every path of
+    the twin runs (the scalar one is where offset pairs are)."""
+    r = np.random.default_rng(k)
+    w0 = np.ones((k, 4), np.float32)                     # every hidden unit: sum of x
+    w1 = r.normal(size=(8, k)).astype(np.float32)
+    w1[0], w1[1] = 1.0, -1.0                              # int8 codes all 127, all -127
+    from onnx import helper, numpy_helper
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], name="fc0", transB=1),
+         helper.make_node("Relu", ["h"], ["a"], name="act0"),
+         helper.make_node("Gemm", ["a", "w1", "b1"], ["y"], name="fc1", transB=1)], "off",
+        [helper.make_tensor_value_info("x", 1, ["N", 4])],
+        [helper.make_tensor_value_info("y", 1, ["N", 8])],
+        [numpy_helper.from_array(w0, "w0"), numpy_helper.from_array(np.zeros(k, np.float32), "b0"),
+         numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.zeros(8, np.float32), "b1")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    cal = r.normal(size=(500, 4)).astype(np.float32)
+    res = kcompile(m, tmp_path / "o", targets="user", numerics="fixed", calibration=cal,
+                   name="off", weight_bits="8")
+    (k2,) = [q for q in res.program.kernels if q.kind == "qdense" and q.params["k"] == k]
+    assert k2.params["tiles"]["offset"] is offset and k2.params["x_max"] == 32768
+    assert "kml_w8_quad" in (tmp_path / "o" / "user" / "off_fx.c").read_text()  # layer 1's tiles
+    twin = load(tmp_path / "o")
+    x = np.concatenate([np.full((1, 4), -1e4), np.full((1, 4), 1e4), cal[:50] * 100, cal[:50]])
+    raw = twin.encode(x.astype(np.float32))
+    ig = res.program.quant.int_graph
+    ref = np.stack([interpret(ig, row[None])[0].reshape(-1) for row in raw])
+    for path in twin.paths:                   # the scalar path is the one under test
+        twin.set_path(path)
+        got = twin.run_raw(raw)
+        assert np.array_equal(got, ref.astype(got.dtype)), path
+    assert twin.paths[0] == "scalar"
