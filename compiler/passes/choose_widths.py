@@ -7,12 +7,9 @@ calibration rows (encoded as the twin encodes them) with kmlc's reference
 evaluator, and compares each output's decision with the float graph's on
 the same rows (compiler/decisions.py: class, argmax, or side of the cut).
 While fewer than ``MIN_AGREEMENT`` percent of the rows agree, it widens
-one more layer to int16, until they agree or every layer is int16 (but
-those whose int8 weights are exact, which stay int8): it tries each layer
-still int8, and widens the one with the fewest weights among those that
-bring the agreement to the bar, or, where none does, the one that brings
-it highest (the least int8 SQNR first among equals), so that a small
-layer's int16 weights are preferred to a large one's that buy no more.
+one more layer to int16, the layer whose int8 weights keep the least SQNR
+first, until they agree or every layer is int16 (but those whose int8
+weights are exact, which stay int8).
 
 Guarantees: the widths it returns give decisions agreeing with float on
 at least MIN_AGREEMENT percent of the (at most ``ROWS``) calibration rows
@@ -93,30 +90,16 @@ def choose_widths(g: Graph, cal: Calibration,
                         "width (8 or 16) per dense layer, comma-separated")
     if wb != "auto":
         return opts, None
-    ops = [op for op in g.ops if op.kind == "dense"]
-    size = {n: op.inputs[1].type.numel for n, op in zip(layer_names(ops), ops)}
-    seen: dict[tuple, tuple] = {}
-
-    def trial(widths: dict[str, int]):
-        key = tuple(sorted(widths.items()))
-        if key not in seen:
-            t = replace(opts, weight_bits=dict(widths))
-            qg, info = quantize(g, cal, t)
-            seen[key] = t, agreement(g, cal, verify(bound_ranges(qg)), info), info
-        return seen[key]
-
     widths: dict[str, int] = {}
     while True:
-        t, pct, info = trial(widths)
+        trial = replace(opts, weight_bits=dict(widths))
+        qg, info = quantize(g, cal, trial)
+        qg = verify(bound_ranges(qg))
+        pct = agreement(g, cal, qg, info)
         # a layer whose int8 weights are exact (infinite SQNR: the sums of
         # passes/reduce_to_dense.py) gains nothing from int16
-        narrow = [n for n, db in info.sqnr_int8.items() if n not in widths and np.isfinite(db)]
+        narrow = sorted((n for n, db in info.sqnr_int8.items()
+                         if n not in widths and np.isfinite(db)), key=info.sqnr_int8.get)
         if pct >= MIN_AGREEMENT or not narrow:
-            return t, pct
-        # widen one layer: the smallest that brings the agreement to the
-        # bar, else the one that brings it closest (the least int8 SQNR
-        # first among equals, then the smallest)
-        got = {n: trial({**widths, n: 16})[1] for n in narrow}
-        there = [n for n in narrow if got[n] >= MIN_AGREEMENT]
-        widths[min(there, key=lambda n: (size[n], info.sqnr_int8[n])) if there else
-               max(narrow, key=lambda n: (got[n], -info.sqnr_int8[n], -size[n]))] = 16
+            return trial, pct
+        widths[narrow[0]] = 16
