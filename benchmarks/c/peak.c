@@ -52,14 +52,18 @@ static double tsc_hz(void)
 	return (c1 - c0) / (t1 - t0);
 }
 
-/* 64 dependent adds per iteration: ITERS * 64 core cycles. */
+/*
+ * 64 dependent adds per iteration: ITERS * 64 core cycles (register
+ * operands: Golden Cove and later fold add-immediate chains at rename).
+ */
 static uint64_t add_chain(void)
 {
-	uint64_t t0 = __rdtsc(), x = 0;
+	uint64_t t0 = __rdtsc(), x = 0, one = 1;
 	long i;
 
+	__asm__ volatile("" : "+r"(one));
 	for (i = 0; i < ITERS; i++)
-		__asm__ volatile(".rept 64\n\tadd $1, %0\n\t.endr" : "+r"(x));
+		__asm__ volatile(".rept 64\n\tadd %1, %0\n\t.endr" : "+r"(x) : "r"(one));
 	return __rdtsc() - t0;
 }
 

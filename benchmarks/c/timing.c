@@ -81,16 +81,22 @@ __attribute__((noinline)) static int empty_call(const BENCH_T *in, BENCH_OUT_T *
 	return 0;
 }
 
-/* Core cycles per TSC tick: the best of 5 chains of 64 x 4096 adds. */
+/*
+ * Core cycles per TSC tick: the best of 5 chains of 64 x 4096 adds.  The
+ * adds take a register operand: Intel cores since Golden Cove fold chains
+ * of add-immediate at rename, several per cycle, which read as a core
+ * clock several times too high.
+ */
 static double core_per_tsc(void)
 {
-	uint64_t best = UINT64_MAX, x = 0, t;
+	uint64_t best = UINT64_MAX, x = 0, one = 1, t;
 	int r, i;
 
+	__asm__ volatile("" : "+r"(one));
 	for (r = 0; r < 5; r++) {
 		t = __rdtsc();
 		for (i = 0; i < 4096; i++)
-			__asm__ volatile(".rept 64\n\tadd $1, %0\n\t.endr" : "+r"(x));
+			__asm__ volatile(".rept 64\n\tadd %1, %0\n\t.endr" : "+r"(x) : "r"(one));
 		t = __rdtsc() - t;
 		best = t < best ? t : best;
 	}

@@ -93,7 +93,10 @@ def test_bytes_sweep_and_json(run):
     # the timed builds compute the twin's exact outputs
     assert all(m["check"][f"kmlc {n} {f}"] == 0 for n, f in KMLC)
     assert {"kmlc float twin", "kmlc fixed twin", "naive C"} <= set(m["check"])
-    assert data["peaks"]["int_mac"] > 0 and data["peaks"]["core_per_tsc"] > 0
+    # the core clock, from a chain of dependent adds against the TSC: no
+    # x86-64 core runs at 3x its TSC (a chain the CPU folds, such as
+    # add-immediate on Golden Cove, read 8x here and every cycles/MAC with it)
+    assert data["peaks"]["int_mac"] > 0 and 0.2 < data["peaks"]["core_per_tsc"] < 3
     try:
         import matplotlib  # noqa: F401
     except ImportError:
