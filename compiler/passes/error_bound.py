@@ -15,8 +15,10 @@ input ranges and whose activations stay inside their int16 encodings (the
 calibration rows do: each encoding is their range widened by ``margin``).
 It counts, in this order for each layer:
   * input encoding: round(x * 2^F) then round_shift, at most half a step;
-  * dense: sum_k |w_int[k,n]| E[k] + sum_k |w_int - w|[k,n] max|x| + |b_int - b|
-    (weights and biases as the integers stand for them);
+  * dense: sum_k |w_int[k,n]| E[k] + sum_k |w_int - w|[k,n] max|x_k - m_k|
+    + |b_int - b'| (weights and biases as the integers stand for them; b'
+    the corrected bias b - m . (w_int - w), m the mean calibrated input, so
+    that the weights' rounding counts only at x's distance from m);
   * requantization: half a step of rounding plus max|acc| * |mult / 2^shift
     - scale| (the multiplier's own error, large when a huge proven
     accumulator leaves it few bits), max|acc| taken over the accumulators
@@ -155,8 +157,9 @@ def error_bound(g: Graph, info) -> Graph:
         sx, zx = (scale_of(x), zp_of(x))
         if op.kind == "qdense":
             r = info.dense_error[y]
-            xmax = sx * max(abs(xl - zx), abs(xh - zx)) + float(E[x].max())
-            z = E[x] @ r["w_abs"] + xmax * r["w_err"].sum(axis=0) + r["b_err"]
+            m = r["x_mean"]
+            reach_x = np.maximum(sx * (xh - zx) - m, m - sx * (xl - zx)) + float(E[x].max())
+            z = E[x] @ r["w_abs"] + reach_x @ r["w_err"] + r["b_err"]
             # only accumulators whose output is not saturated carry a
             # requantization error: past the clamp (or the table's end) the
             # rounded and the exact value saturate alike

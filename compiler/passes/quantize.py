@@ -17,7 +17,10 @@ Guarantees about the graph it returns (docs/numerics.md, "Fixed point"):
     passes/choose_widths.py; a layer it does not name is int8); the
     per-feature input steps and centres are folded into the first layer's
     weights and bias; biases are integers at the accumulator's scale with
-    the input zero point's term folded in;
+    the input zero point's term folded in, and with the weights' rounding
+    error at the layer's mean calibrated input taken off (bias correction:
+    b - mean(x) . (w_int - w), so that the layer's rounding error has mean
+    zero over the calibration rows; Nagel et al., ICCV 2019);
   * a tree ensemble tests its graph input's integers: each threshold t on
     feature i becomes the integer the test against in[i] = x_i * 2^F_i
     decides exactly as the test against t decides for x_i (floor or ceil
@@ -1025,6 +1028,11 @@ class _Quantizer:
         wf = wf * op.attrs.get("alpha", 1.0)
         wq, sw, bits = self.weights(op, wf, xs)
         wq, sw = rescale_for_bias(wq, sw, wf, bias, sx)
+        # bias correction: the rounded weights' error at the mean input,
+        # which the bias absorbs (passes/error_bound.py bounds what is left
+        # by |x - mean(x)| instead of |x|)
+        x_mean = xs.mean(axis=0)
+        bias = bias - x_mean @ (wq * sw - wf)
         sa = sx * sw                                   # accumulator scale per channel
         bq = exact_bias(op, bias, sa, zx, wq)
         act = op.attrs["act"]
@@ -1057,6 +1065,7 @@ class _Quantizer:
             attrs["acc_pin"], attrs["wide_pin"] = pin[self.layer[id(op)]]
         weff = wq * sw                              # the weights the integers stand for
         rec = {"w_abs": np.abs(weff), "w_err": np.abs(weff - wf), "b_err": sa / 2,
+               "x_mean": x_mean,
                "lipschitz": max(1.0, abs(params.get("alpha", 1.0))) if act == "leaky_relu"
                else 1.0, "clip": act == "clip"}
         wconst = const(self.fresh(f"{w.name}_q{bits}"),

@@ -207,6 +207,33 @@ def test_weight_bits_forced_and_auto():
     assert p.quant.decision_agreement >= 99.9
 
 
+def test_bias_correction_centres_each_layers_rounding_error(tmp_path):
+    """int8 weights round each channel's weights one way or the other; at
+    an input of nonzero mean (a ReLU layer's, features around 2) the
+    rounding adds a bias to every output, which the corrected bias takes
+    off: over rows from the calibration's distribution (held out), each
+    output's mean error against numpy's float64 forward is a small part of
+    its RMS error.  Without the correction the mean error here is 0.88 to
+    0.96 of the RMS on three of the four outputs; with it, at most 0.09."""
+    rng = np.random.default_rng(7)
+    k, h, n = 16, 128, 4
+    w1 = (rng.normal(size=(k, h)) / 4).astype(np.float32)
+    b1 = rng.normal(size=h).astype(np.float32)
+    w2 = (rng.normal(size=(h, n)) / np.sqrt(h)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["a"]),
+             helper.make_node("MatMul", ["a", "w2"], ["y"])]
+    m = make_model(nodes, [("x", ["N", k])], [("y", ["N", n])], {"w1": w1, "b1": b1, "w2": w2})
+    cal, held = ((rng.normal(size=(rows, k)) + 2).astype(np.float32) for rows in (2000, 5000))
+    kcompile(m, tmp_path / "o", targets="user", numerics="fixed", calibration=cal, name="bc",
+             weight_bits="8")
+    x = held.astype(np.float64)
+    err = load(tmp_path / "o").run(held).astype(np.float64) - np.maximum(x @ w1 + b1, 0) @ w2
+    rms = np.sqrt((err ** 2).mean(axis=0))
+    assert np.all(np.abs(err.mean(axis=0)) < 0.2 * rms), (err.mean(axis=0), rms)
+
+
 def test_auto_widens_the_layers_decisions_need(monkeypatch):
     """--weight-bits auto: int8 everywhere when decisions hold; when they do
     not, int16 for the layers with the least int8 SQNR first, until the
