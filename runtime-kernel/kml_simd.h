@@ -54,7 +54,6 @@ enum kml_path {
 #define KML_TARGET_SSE2 __attribute__((target("sse2")))
 #define KML_TARGET_AVX2 __attribute__((target("avx2")))
 
-typedef s8 kml_s8x8 __attribute__((vector_size(8)));
 typedef s8 kml_s8x16 __attribute__((vector_size(16)));
 typedef s16 kml_s16x8 __attribute__((vector_size(16)));
 typedef s16 kml_s16x16 __attribute__((vector_size(32)));
@@ -84,15 +83,43 @@ static inline u32 kml_pair16(s32 lo, s32 hi)
  * tile; w holds the pair's 16 weights, [output][input].  Eight outputs are
  * two SSE2 vectors (outputs 0..3, 4..7) or one AVX2 vector.
  */
+/*
+ * int8 to int16 on SSE2, which has no pmovsxbw: each byte doubled into a
+ * word (punpcklbw/punpckhbw of a vector with itself: b | b << 8), then
+ * psraw 8 leaves b sign-extended, two instructions per eight weights
+ * where __builtin_convertvector takes six.
+ */
+/*
+ * Eight bytes into the low half of a vector, the high half zero: one movq
+ * (an 8-byte store over a zeroed vector on the stack, read back whole,
+ * would stall store forwarding).
+ */
+static inline KML_TARGET_SSE2 kml_s8x16 kml_load8_sse2(const s8 *w)
+{
+	kml_u64x2 v = { 0, 0 };
+
+	__builtin_memcpy(&v[0], w, sizeof(v[0]));
+	return (kml_s8x16)v;
+}
+
+static inline KML_TARGET_SSE2 kml_s16x8 kml_sext_hi_bytes_sse2(kml_s8x16 doubled)
+{
+	return __builtin_ia32_psrawi128((kml_s16x8)doubled, 8);
+}
+
 static inline KML_TARGET_SSE2 void kml_tile8_s8_sse2(kml_u32x4 *acc, const s8 *w, u32 xx)
 {
 	kml_s16x8 x = (kml_s16x8)(kml_u32x4){ xx, xx, xx, xx };
-	kml_s8x8 lo, hi;
+	kml_s8x16 v;
+	kml_s16x8 lo, hi;
 
-	__builtin_memcpy(&lo, w, sizeof(lo));
-	__builtin_memcpy(&hi, w + 8, sizeof(hi));
-	acc[0] += (kml_u32x4)__builtin_ia32_pmaddwd128(__builtin_convertvector(lo, kml_s16x8), x);
-	acc[1] += (kml_u32x4)__builtin_ia32_pmaddwd128(__builtin_convertvector(hi, kml_s16x8), x);
+	__builtin_memcpy(&v, w, sizeof(v));
+	lo = kml_sext_hi_bytes_sse2(__builtin_shufflevector(v, v, 0, 0, 1, 1, 2, 2, 3, 3,
+							    4, 4, 5, 5, 6, 6, 7, 7));
+	hi = kml_sext_hi_bytes_sse2(__builtin_shufflevector(v, v, 8, 8, 9, 9, 10, 10, 11, 11,
+							    12, 12, 13, 13, 14, 14, 15, 15));
+	acc[0] += (kml_u32x4)__builtin_ia32_pmaddwd128(lo, x);
+	acc[1] += (kml_u32x4)__builtin_ia32_pmaddwd128(hi, x);
 }
 
 static inline KML_TARGET_SSE2 void kml_tile8_s16_sse2(kml_u32x4 *acc, const s16 *w, u32 xx)
@@ -164,15 +191,15 @@ static inline KML_TARGET_AVX2 void kml_sums8_avx2(const kml_u32x8 *acc, s64 *a)
  */
 static inline KML_TARGET_SSE2 void kml_last8_s8_sse2(kml_u32x4 *acc, const s8 *w, s32 x)
 {
-	kml_s8x8 v;
+	kml_s8x16 v = kml_load8_sse2(w);
 	kml_s16x8 xs = (kml_s16x8)(kml_u32x4){ (u16)x, (u16)x, (u16)x, (u16)x };
-	kml_s16x8 lo, hi, wv;
+	kml_s16x8 lo, hi;
 
-	__builtin_memcpy(&v, w, sizeof(v));
-	wv = __builtin_convertvector(v, kml_s16x8);
 	/* (w_i, w_i) pairs against (x, 0): w_i * x per lane */
-	lo = __builtin_shufflevector(wv, wv, 0, 0, 1, 1, 2, 2, 3, 3);
-	hi = __builtin_shufflevector(wv, wv, 4, 4, 5, 5, 6, 6, 7, 7);
+	lo = kml_sext_hi_bytes_sse2(__builtin_shufflevector(v, v, 0, 0, 0, 0, 1, 1, 1, 1,
+							    2, 2, 2, 2, 3, 3, 3, 3));
+	hi = kml_sext_hi_bytes_sse2(__builtin_shufflevector(v, v, 4, 4, 4, 4, 5, 5, 5, 5,
+							    6, 6, 6, 6, 7, 7, 7, 7));
 	acc[0] += (kml_u32x4)__builtin_ia32_pmaddwd128(lo, xs);
 	acc[1] += (kml_u32x4)__builtin_ia32_pmaddwd128(hi, xs);
 }
@@ -189,20 +216,43 @@ static inline KML_TARGET_SSE2 void kml_last8_s16_sse2(kml_u32x4 *acc, const s16 
 	acc[1] += (kml_u32x4)__builtin_ia32_pmaddwd128(hi, xs);
 }
 
-static inline KML_TARGET_AVX2 void kml_last8_s8_avx2(kml_u32x8 *acc, const s8 *w, s32 x)
+/*
+ * Eight weights sign-extended to int32 in one vpmovsxbd/vpmovsxwd (gcc
+ * takes __builtin_convertvector to int32 apart, element by element).
+ */
+static inline KML_TARGET_AVX2 kml_s32x8 kml_widen8_s8_avx2(const s8 *w)
 {
-	kml_s8x8 v;
+	kml_s8x16 v = kml_load8_sse2(w);
 
-	__builtin_memcpy(&v, w, sizeof(v));
-	*acc += (kml_u32x8)(__builtin_convertvector(v, kml_s32x8) * x);
+#ifdef __clang__
+	return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+				       kml_s32x8);
+#else
+	return (kml_s32x8)__builtin_ia32_pmovsxbd256((char __attribute__((vector_size(16))))v);
+#endif
 }
 
-static inline KML_TARGET_AVX2 void kml_last8_s16_avx2(kml_u32x8 *acc, const s16 *w, s32 x)
+static inline KML_TARGET_AVX2 kml_s32x8 kml_widen8_s16_avx2(const s16 *w)
 {
 	kml_s16x8 v;
 
 	__builtin_memcpy(&v, w, sizeof(v));
-	*acc += (kml_u32x8)(__builtin_convertvector(v, kml_s32x8) * x);
+#ifdef __clang__
+	return __builtin_convertvector(v, kml_s32x8);
+#else
+	return (kml_s32x8)__builtin_ia32_pmovsxwd256(v);
+#endif
+}
+
+/* |w * x| < 2^30: int16 weights and inputs (the SIMD paths' contract) */
+static inline KML_TARGET_AVX2 void kml_last8_s8_avx2(kml_u32x8 *acc, const s8 *w, s32 x)
+{
+	*acc += (kml_u32x8)(kml_widen8_s8_avx2(w) * x);
+}
+
+static inline KML_TARGET_AVX2 void kml_last8_s16_avx2(kml_u32x8 *acc, const s16 *w, s32 x)
+{
+	*acc += (kml_u32x8)(kml_widen8_s16_avx2(w) * x);
 }
 
 /*
@@ -303,6 +353,29 @@ kml_requant4_sse2(kml_u32x4 acc, const s32 *b, const u32 *rq, s16 *y, bool relu,
 	__builtin_memcpy(y, &out, sizeof(out));
 }
 
+/* Lane-wise max and min with a constant: one vpmaxsd/vpminsd each */
+static inline KML_TARGET_AVX2 kml_s32x8 kml_max8_avx2(kml_s32x8 v, s32 c)
+{
+	kml_s32x8 k = { c, c, c, c, c, c, c, c };
+
+#ifdef __clang__
+	return __builtin_elementwise_max(v, k);
+#else
+	return __builtin_ia32_pmaxsd256(v, k);
+#endif
+}
+
+static inline KML_TARGET_AVX2 kml_s32x8 kml_min8_avx2(kml_s32x8 v, s32 c)
+{
+	kml_s32x8 k = { c, c, c, c, c, c, c, c };
+
+#ifdef __clang__
+	return __builtin_elementwise_min(v, k);
+#else
+	return __builtin_ia32_pminsd256(v, k);
+#endif
+}
+
 static inline KML_TARGET_AVX2 kml_u32x8 kml_rq_mag8_avx2(kml_u32x8 m, kml_u32x8 w)
 {
 	kml_u32x8 mult = w >> 6;
@@ -340,10 +413,10 @@ kml_requant8_avx2(kml_u32x8 acc, const s32 *b, const u32 *rq, s16 *y, bool relu,
 	v = (relu ? v : (v ^ neg) - neg) + zp;
 	*sat -= (v > 32767) & -(s32)count_hi;
 	*sat -= (v < -32768) & -(s32)count_lo;
-	neg = v < lo;
-	v = (v & ~neg) | (lo & neg);
-	neg = v > hi;
-	v = (v & ~neg) | (hi & neg);
+	/* a ReLU's value is zp + r, r >= 0: nothing below lo = zp */
+	if (!relu || lo != zp)
+		v = kml_max8_avx2(v, lo);
+	v = kml_min8_avx2(v, hi);
 	out = __builtin_convertvector(v, kml_s16x8);
 	__builtin_memcpy(y, &out, sizeof(out));
 }
