@@ -96,9 +96,11 @@ static inline u32 kml_pair16(s32 lo, s32 hi)
  */
 static inline KML_TARGET_SSE2 kml_s8x16 kml_load8_sse2(const s8 *w)
 {
-	kml_u64x2 v = { 0, 0 };
+	kml_u64x2 v;
+	u64 q;
 
-	__builtin_memcpy(&v[0], w, sizeof(v[0]));
+	__builtin_memcpy(&q, w, sizeof(q));
+	v = (kml_u64x2){ q, 0 };
 	return (kml_s8x16)v;
 }
 
