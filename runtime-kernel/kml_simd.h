@@ -78,18 +78,6 @@ static inline u32 kml_pair16(s32 lo, s32 hi)
 }
 
 /*
- * One step of a tile of eight outputs over one input pair: acc[i] +=
- * w[i][0] * x_lo + w[i][1] * x_hi, modulo 2^32, for outputs i = 0..7 of the
- * tile; w holds the pair's 16 weights, [output][input].  Eight outputs are
- * two SSE2 vectors (outputs 0..3, 4..7) or one AVX2 vector.
- */
-/*
- * int8 to int16 on SSE2, which has no pmovsxbw: each byte doubled into a
- * word (punpcklbw/punpckhbw of a vector with itself: b | b << 8), then
- * psraw 8 leaves b sign-extended, two instructions per eight weights
- * where __builtin_convertvector takes six.
- */
-/*
  * Eight bytes into the low half of a vector, the high half zero: one movq
  * (an 8-byte store over a zeroed vector on the stack, read back whole,
  * would stall store forwarding).
@@ -104,11 +92,23 @@ static inline KML_TARGET_SSE2 kml_s8x16 kml_load8_sse2(const s8 *w)
 	return (kml_s8x16)v;
 }
 
+/*
+ * int8 to int16 on SSE2, which has no pmovsxbw: each byte doubled into a
+ * word (punpcklbw/punpckhbw of a vector with itself: b | b << 8), then
+ * psraw 8 leaves b sign-extended, two instructions per eight weights
+ * where __builtin_convertvector takes six.
+ */
 static inline KML_TARGET_SSE2 kml_s16x8 kml_sext_hi_bytes_sse2(kml_s8x16 doubled)
 {
 	return __builtin_ia32_psrawi128((kml_s16x8)doubled, 8);
 }
 
+/*
+ * One step of a tile of eight outputs over one input pair: acc[i] +=
+ * w[i][0] * x_lo + w[i][1] * x_hi, modulo 2^32, for outputs i = 0..7 of the
+ * tile; w holds the pair's 16 weights, [output][input].  Eight outputs are
+ * two SSE2 vectors (outputs 0..3, 4..7) or one AVX2 vector.
+ */
 static inline KML_TARGET_SSE2 void kml_tile8_s8_sse2(kml_u32x4 *acc, const s8 *w, u32 xx)
 {
 	kml_s16x8 x = (kml_s16x8)(kml_u32x4){ xx, xx, xx, xx };
@@ -355,26 +355,24 @@ kml_requant4_sse2(kml_u32x4 acc, const s32 *b, const u32 *rq, s16 *y, bool relu,
 	__builtin_memcpy(y, &out, sizeof(out));
 }
 
-/* Lane-wise max and min with a constant: one vpmaxsd/vpminsd each */
-static inline KML_TARGET_AVX2 kml_s32x8 kml_max8_avx2(kml_s32x8 v, s32 c)
+/*
+ * v clamped to [lo, hi] lane by lane, one vpmaxsd and one vpminsd; no
+ * vpmaxsd where the caller knows no lane is below lo (!floor).
+ */
+static inline KML_TARGET_AVX2 kml_s32x8 kml_clamp8_avx2(kml_s32x8 v, s32 lo, s32 hi,
+							bool floor)
 {
-	kml_s32x8 k = { c, c, c, c, c, c, c, c };
+	kml_s32x8 l = { lo, lo, lo, lo, lo, lo, lo, lo };
+	kml_s32x8 h = { hi, hi, hi, hi, hi, hi, hi, hi };
 
 #ifdef __clang__
-	return __builtin_elementwise_max(v, k);
+	if (floor)
+		v = __builtin_elementwise_max(v, l);
+	return __builtin_elementwise_min(v, h);
 #else
-	return __builtin_ia32_pmaxsd256(v, k);
-#endif
-}
-
-static inline KML_TARGET_AVX2 kml_s32x8 kml_min8_avx2(kml_s32x8 v, s32 c)
-{
-	kml_s32x8 k = { c, c, c, c, c, c, c, c };
-
-#ifdef __clang__
-	return __builtin_elementwise_min(v, k);
-#else
-	return __builtin_ia32_pminsd256(v, k);
+	if (floor)
+		v = __builtin_ia32_pmaxsd256(v, l);
+	return __builtin_ia32_pminsd256(v, h);
 #endif
 }
 
@@ -416,9 +414,7 @@ kml_requant8_avx2(kml_u32x8 acc, const s32 *b, const u32 *rq, s16 *y, bool relu,
 	*sat -= (v > 32767) & -(s32)count_hi;
 	*sat -= (v < -32768) & -(s32)count_lo;
 	/* a ReLU's value is zp + r, r >= 0: nothing below lo = zp */
-	if (!relu || lo != zp)
-		v = kml_max8_avx2(v, lo);
-	v = kml_min8_avx2(v, hi);
+	v = kml_clamp8_avx2(v, lo, hi, !relu || lo != zp);
 	out = __builtin_convertvector(v, kml_s16x8);
 	__builtin_memcpy(y, &out, sizeof(out));
 }
