@@ -77,6 +77,15 @@ static inline u32 kml_pair16(s32 lo, s32 hi)
 	return (u32)(u16)lo | (u32)(u16)hi << 16;
 }
 
+/* The same word read from two adjacent int16 inputs: one 32-bit load (x86 is little-endian). */
+static inline u32 kml_pair16_at(const s16 *x)
+{
+	u32 xx;
+
+	__builtin_memcpy(&xx, x, sizeof(xx));
+	return xx;
+}
+
 /*
  * Eight bytes into the low half of a vector, the high half zero: one movq
  * (an 8-byte store over a zeroed vector on the stack, read back whole,
@@ -103,6 +112,13 @@ static inline KML_TARGET_SSE2 kml_s16x8 kml_sext_hi_bytes_sse2(kml_s8x16 doubled
 	return __builtin_ia32_psrawi128((kml_s16x8)doubled, 8);
 }
 
+/* Bytes 0..7 of v sign-extended to int16 (punpcklbw, psraw). */
+static inline KML_TARGET_SSE2 kml_s16x8 kml_sext_lo8_sse2(kml_s8x16 v)
+{
+	return kml_sext_hi_bytes_sse2(__builtin_shufflevector(v, v, 0, 0, 1, 1, 2, 2, 3, 3,
+							      4, 4, 5, 5, 6, 6, 7, 7));
+}
+
 /*
  * One step of a tile of eight outputs over one input pair: acc[i] +=
  * w[i][0] * x_lo + w[i][1] * x_hi, modulo 2^32, for outputs i = 0..7 of the
@@ -116,8 +132,7 @@ static inline KML_TARGET_SSE2 void kml_tile8_s8_sse2(kml_u32x4 *acc, const s8 *w
 	kml_s16x8 lo, hi;
 
 	__builtin_memcpy(&v, w, sizeof(v));
-	lo = kml_sext_hi_bytes_sse2(__builtin_shufflevector(v, v, 0, 0, 1, 1, 2, 2, 3, 3,
-							    4, 4, 5, 5, 6, 6, 7, 7));
+	lo = kml_sext_lo8_sse2(v);
 	hi = kml_sext_hi_bytes_sse2(__builtin_shufflevector(v, v, 8, 8, 9, 9, 10, 10, 11, 11,
 							    12, 12, 13, 13, 14, 14, 15, 15));
 	acc[0] += (kml_u32x4)__builtin_ia32_pmaddwd128(lo, x);
@@ -163,20 +178,31 @@ static inline KML_TARGET_AVX2 kml_s16x16 kml_widen16_avx2(const s8 *w)
 #endif
 }
 
+/*
+ * acc += the pair products of 16 weights (two per lane: [lane][2]) and the
+ * int16 pairs x, lane by lane, modulo 2^32: one vpmaddwd.
+ */
+static inline KML_TARGET_AVX2 void kml_dot8_s8_avx2(kml_u32x8 *acc, const s8 *w, kml_u32x8 x)
+{
+	*acc += (kml_u32x8)__builtin_ia32_pmaddwd256(kml_widen16_avx2(w), (kml_s16x16)x);
+}
+
+static inline KML_TARGET_AVX2 void kml_dot8_s16_avx2(kml_u32x8 *acc, const s16 *w, kml_u32x8 x)
+{
+	kml_s16x16 v;
+
+	__builtin_memcpy(&v, w, sizeof(v));
+	*acc += (kml_u32x8)__builtin_ia32_pmaddwd256(v, (kml_s16x16)x);
+}
+
 static inline KML_TARGET_AVX2 void kml_tile8_s8_avx2(kml_u32x8 *acc, const s8 *w, u32 xx)
 {
-	kml_s16x16 x = (kml_s16x16)(kml_u32x8){ xx, xx, xx, xx, xx, xx, xx, xx };
-
-	*acc += (kml_u32x8)__builtin_ia32_pmaddwd256(kml_widen16_avx2(w), x);
+	kml_dot8_s8_avx2(acc, w, (kml_u32x8){ xx, xx, xx, xx, xx, xx, xx, xx });
 }
 
 static inline KML_TARGET_AVX2 void kml_tile8_s16_avx2(kml_u32x8 *acc, const s16 *w, u32 xx)
 {
-	kml_s16x16 x = (kml_s16x16)(kml_u32x8){ xx, xx, xx, xx, xx, xx, xx, xx };
-	kml_s16x16 v;
-
-	__builtin_memcpy(&v, w, sizeof(v));
-	*acc += (kml_u32x8)__builtin_ia32_pmaddwd256(v, x);
+	kml_dot8_s16_avx2(acc, w, (kml_u32x8){ xx, xx, xx, xx, xx, xx, xx, xx });
 }
 
 static inline KML_TARGET_AVX2 void kml_sums8_avx2(const kml_u32x8 *acc, s64 *a)
@@ -188,22 +214,68 @@ static inline KML_TARGET_AVX2 void kml_sums8_avx2(const kml_u32x8 *acc, s64 *a)
 }
 
 /*
+ * Layers narrower than a tile (passes/lower.py, narrow_plan): one vector of
+ * weights spans several input pairs, [pair][output][2], and each lane takes
+ * its own pair's inputs, placed by KML_PICK() from the step's P input
+ * pairs, loaded at once by kml_xpairs<P>: lane i of the result is lane
+ * idx[i] of v (a constant shuffle: the indices must be literals).
+ */
+#define KML_PICK(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+
+static inline KML_TARGET_SSE2 kml_u32x4 kml_xpairs1_sse2(const s16 *x)
+{
+	u32 xx = kml_pair16_at(x);
+
+	return (kml_u32x4){ xx, xx, xx, xx };
+}
+
+static inline KML_TARGET_SSE2 kml_u32x4 kml_xpairs2_sse2(const s16 *x)
+{
+	return (kml_u32x4)kml_load8_sse2((const s8 *)x);	/* pairs 2, 3: zero */
+}
+
+static inline KML_TARGET_SSE2 kml_u32x4 kml_xpairs4_sse2(const s16 *x)
+{
+	kml_u32x4 v;
+
+	__builtin_memcpy(&v, x, sizeof(v));
+	return v;
+}
+
+static inline KML_TARGET_AVX2 kml_u32x8 kml_xpairs8_avx2(const s16 *x)
+{
+	kml_u32x8 v;
+
+	__builtin_memcpy(&v, x, sizeof(v));
+	return v;
+}
+
+/* The SSE2 step: 8 weights, four lanes of pairs. */
+static inline KML_TARGET_SSE2 void kml_dot4_s8_sse2(kml_u32x4 *acc, const s8 *w, kml_u32x4 x)
+{
+	kml_s16x8 v = kml_sext_lo8_sse2(kml_load8_sse2(w));
+
+	*acc += (kml_u32x4)__builtin_ia32_pmaddwd128(v, (kml_s16x8)x);
+}
+
+/*
  * An odd K's last input x, alone: acc[i] += w[i] * x for the tile's eight
  * outputs (w: the input's row, one weight per output), modulo 2^32.
  */
 static inline KML_TARGET_SSE2 void kml_last8_s8_sse2(kml_u32x4 *acc, const s8 *w, s32 x)
 {
-	kml_s8x16 v = kml_load8_sse2(w);
+	kml_s16x8 v = kml_sext_lo8_sse2(kml_load8_sse2(w));
 	kml_s16x8 xs = (kml_s16x8)(kml_u32x4){ (u16)x, (u16)x, (u16)x, (u16)x };
-	kml_s16x8 lo, hi;
 
-	/* (w_i, w_i) pairs against (x, 0): w_i * x per lane */
-	lo = kml_sext_hi_bytes_sse2(__builtin_shufflevector(v, v, 0, 0, 0, 0, 1, 1, 1, 1,
-							    2, 2, 2, 2, 3, 3, 3, 3));
-	hi = kml_sext_hi_bytes_sse2(__builtin_shufflevector(v, v, 4, 4, 4, 4, 5, 5, 5, 5,
-							    6, 6, 6, 6, 7, 7, 7, 7));
-	acc[0] += (kml_u32x4)__builtin_ia32_pmaddwd128(lo, xs);
-	acc[1] += (kml_u32x4)__builtin_ia32_pmaddwd128(hi, xs);
+	/*
+	 * (w_i, w_i) pairs against (x, 0): w_i * x per lane; the pairs made
+	 * from words (punpcklwd, punpckhwd): a byte shuffle to the same end is
+	 * taken apart byte by byte in general-purpose registers.
+	 */
+	acc[0] += (kml_u32x4)__builtin_ia32_pmaddwd128(__builtin_shufflevector(v, v, 0, 0, 1, 1,
+										2, 2, 3, 3), xs);
+	acc[1] += (kml_u32x4)__builtin_ia32_pmaddwd128(__builtin_shufflevector(v, v, 4, 4, 5, 5,
+										6, 6, 7, 7), xs);
 }
 
 static inline KML_TARGET_SSE2 void kml_last8_s16_sse2(kml_u32x4 *acc, const s16 *w, s32 x)
@@ -309,25 +381,79 @@ static inline void kml_sums8_s64(const void *acc, s64 *a)
 
 #define KML_RQ_LIMIT 0x100000	/* 2^20 */
 
-/* The magnitudes m[i] requantized by the words w[i], limited to 2^20. */
+/*
+ * v >> c, lane by lane (c < 64): psrlq shifts both lanes by one count, the
+ * low 64 bits of its operand, so one psrlq per lane's count and a lane of
+ * each result.  (A vector shift by a vector, written in C, is shifted lane
+ * by lane in general-purpose registers on SSE2: gcc and clang alike.)
+ */
+static inline KML_TARGET_SSE2 kml_u64x2 kml_srl64_sse2(kml_u64x2 v, kml_u64x2 c)
+{
+	kml_s64x2 lo = __builtin_ia32_psrlq128((kml_s64x2)v, (kml_s64x2)c);
+	kml_s64x2 hi = __builtin_ia32_psrlq128((kml_s64x2)v,
+					      (kml_s64x2)__builtin_shufflevector(c, c, 1, 1));
+
+	return (kml_u64x2)__builtin_shufflevector(lo, hi, 0, 3);
+}
+
+/*
+ * The low 32 bits of each lane of p (outputs 0 and 2) and q (1 and 3), in
+ * output order.
+ */
+static inline KML_TARGET_SSE2 kml_u32x4 kml_low32_sse2(kml_u64x2 p, kml_u64x2 q)
+{
+	return __builtin_shufflevector((kml_u32x4)p, (kml_u32x4)q, 0, 4, 2, 6);
+}
+
+/*
+ * The magnitudes m[i] requantized by the words w[i], limited to 2^20.  For
+ * each product p < 2^58 and shift s <= 62, round(p / 2^s) with ties up is
+ * ((2p >> s) + 1) >> 1 (floor((floor(2p / 2^s) + 1) / 2) = floor((p +
+ * 2^(s - 1)) / 2^s), and p itself where s = 0): the per-lane shift is a
+ * right shift only.  A result r < 2^58 reaches 2^20 exactly where r >> 20,
+ * folded into its low 32 bits as (r >> 20) | (r >> 52), is not zero.
+ */
 static inline KML_TARGET_SSE2 kml_u32x4 kml_rq_mag4_sse2(kml_u32x4 m, kml_u32x4 w)
 {
-	kml_u32x4 mult = w >> 6;
-	kml_u64x2 one = { 1, 1 }, sh, p, q;
-	kml_s64x2 big;
+	kml_u32x4 mult = w >> 6, r, small;
+	kml_u32x4 limit = { KML_RQ_LIMIT, KML_RQ_LIMIT, KML_RQ_LIMIT, KML_RQ_LIMIT };
+	kml_u64x2 one = { 1, 1 }, p, q;
 
 	p = (kml_u64x2)__builtin_ia32_pmuludq128((kml_s32x4)m, (kml_s32x4)mult);
-	sh = (kml_u64x2)w & 63;
-	p = (p + ((one << sh) >> 1)) >> sh;
-	big = (kml_s64x2)p > KML_RQ_LIMIT;
-	p = (p & ~(kml_u64x2)big) | ((kml_u64x2)big & KML_RQ_LIMIT);
 	q = (kml_u64x2)__builtin_ia32_pmuludq128((kml_s32x4)((kml_u64x2)m >> 32),
 						 (kml_s32x4)((kml_u64x2)mult >> 32));
-	sh = ((kml_u64x2)w >> 32) & 63;
-	q = (q + ((one << sh) >> 1)) >> sh;
-	big = (kml_s64x2)q > KML_RQ_LIMIT;
-	q = (q & ~(kml_u64x2)big) | ((kml_u64x2)big & KML_RQ_LIMIT);
-	return (kml_u32x4)(p | q << 32);
+	p = (kml_srl64_sse2(p + p, (kml_u64x2)w & 63) + one) >> 1;
+	q = (kml_srl64_sse2(q + q, ((kml_u64x2)w >> 32) & 63) + one) >> 1;
+	r = kml_low32_sse2(p, q);
+	small = (kml_u32x4)(kml_low32_sse2((p >> 20) | (p >> 52), (q >> 20) | (q >> 52)) == 0);
+	return (r & small) | (limit & ~small);
+}
+
+/*
+ * v clamped to [lo, hi] (both in int16) and stored as four int16: packssdw
+ * saturates to int16, which a clamp inside int16 cannot tell apart, then
+ * pmaxsw and pminsw (SSE2 has no 32-bit min and max); no pmaxsw where the
+ * caller knows no lane is below lo (!floor).
+ */
+static inline KML_TARGET_SSE2 void kml_clamp_store4_sse2(s16 *y, kml_s32x4 v, s16 lo, s16 hi,
+							 bool floor)
+{
+	kml_s16x8 l = { lo, lo, lo, lo, lo, lo, lo, lo };
+	kml_s16x8 h = { hi, hi, hi, hi, hi, hi, hi, hi };
+	kml_s16x8 s = (kml_s16x8)__builtin_ia32_packssdw128(v, v);
+	u64 out;
+
+#ifdef __clang__
+	if (floor)
+		s = __builtin_elementwise_max(s, l);
+	s = __builtin_elementwise_min(s, h);
+#else
+	if (floor)
+		s = __builtin_ia32_pmaxsw128(s, l);
+	s = __builtin_ia32_pminsw128(s, h);
+#endif
+	out = ((kml_u64x2)s)[0];
+	__builtin_memcpy(y, &out, sizeof(out));
 }
 
 static inline KML_TARGET_SSE2 void
@@ -336,7 +462,6 @@ kml_requant4_sse2(kml_u32x4 acc, const s32 *b, const u32 *rq, s16 *y, bool relu,
 {
 	kml_u32x4 w;
 	kml_s32x4 v, neg;
-	kml_s16x4 out;
 
 	__builtin_memcpy(&w, b, sizeof(w));
 	v = (kml_s32x4)(acc + w);		/* the sum, exact (proven in int32) */
@@ -347,12 +472,8 @@ kml_requant4_sse2(kml_u32x4 acc, const s32 *b, const u32 *rq, s16 *y, bool relu,
 	v = (relu ? v : (v ^ neg) - neg) + zp;
 	*sat -= (v > 32767) & -(s32)count_hi;
 	*sat -= (v < -32768) & -(s32)count_lo;
-	neg = v < lo;
-	v = (v & ~neg) | (lo & neg);
-	neg = v > hi;
-	v = (v & ~neg) | (hi & neg);
-	out = __builtin_convertvector(v, kml_s16x4);
-	__builtin_memcpy(y, &out, sizeof(out));
+	/* a ReLU's value is zp + r, r >= 0: nothing below lo = zp */
+	kml_clamp_store4_sse2(y, v, lo, hi, !relu || lo != zp);
 }
 
 /*

@@ -579,11 +579,12 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
 
 
 def simd_context(prog: Program) -> dict:
-    """The kernels with SIMD paths (paired dense layers with full tiles,
-    passes/lower.py) and the multiply-adds those paths take per call."""
+    """The kernels with SIMD paths (paired dense layers with full tiles or
+    outputs narrower than a tile, passes/lower.py) and the multiply-adds
+    those paths take per call."""
     ks = [k for k in prog.kernels if k.kind == "qdense" and k.params["tiles"].get("simd")]
-    macs = sum(k.params["k"] * k.params["tiles"]["count"] * k.params["tiles"]["width"]
-               for k in ks)
+    macs = sum(k.params["k"] * (t["count"] * t["width"] + (t["tail"] if t["narrow"] else 0))
+               for k in ks for t in [k.params["tiles"]])
     return {"simd_kernels": [k.fn for k in ks], "simd_macs": macs, "isas": SIMD_ISAS,
             "simd": bool(ks)}
 

@@ -104,6 +104,34 @@ QDENSE_TILE = 4
 # are exact modulo 2^32 in any order, hence exact (the proof bounds them
 # by 2^31), so every path computes the same integers.
 PAIR_TILE = 8
+# Layers, or the outputs after a layer's tiles, narrower than a tile: R < 8
+# outputs stored [k / 2][R][2], pair after pair.  On the SIMD paths one
+# vector of 2 * lanes weights spans lanes / R input pairs or more: lane l of
+# the j-th vector of a step holds dword d = lanes * j + l of the step's
+# weights, output d % R of pair d // R, and takes that pair's inputs, put in
+# place by one shuffle of the step's P input pairs, loaded at once
+# (kml_simd.h, KML_PICK).  A step is lcm(R, lanes) dwords: P pairs, V
+# vectors.  Each lane sums one output over some of its pairs, exactly as
+# the tiles do; the generated code adds each output's lanes, and the pairs
+# after the last whole step on the scalar code.
+SIMD_LANES = {"sse2": 4, "avx2": 8}
+
+
+def narrow_plan(r: int, k: int) -> dict:
+    """The SIMD paths' steps over R outputs of K inputs in pairs: per path,
+    pairs and vectors per step, whole steps, and each vector's shuffle
+    (the step's input pair of each lane); {} when a path would have no
+    whole step."""
+    plan = {}
+    for isa, lanes in SIMD_LANES.items():
+        step = np.lcm(r, lanes)
+        pairs, vectors, steps = step // r, step // lanes, (k // 2) // (step // r)
+        if not steps:
+            return {}
+        plan[isa] = {"pairs": int(pairs), "vectors": int(vectors), "steps": int(steps),
+                     "picks": [[(lanes * j + lane) // r for lane in range(lanes)]
+                               for j in range(vectors)]}
+    return plan
 
 
 # Elementwise ops as C: {a}, {b}, {c} stand for the operands' elements.
@@ -401,13 +429,18 @@ class _Lowering:
         tiling["offset"] = (w.type.dtype == I8 and in_pairs and tiling["count"] > 0
                             and tiling["width"] == PAIR_TILE
                             and 255 * 2 * (k // 2) * int(a["x_max"]) < 2**31)
-        tiling["simd"] = in_pairs and tiling["count"] > 0   # full tiles: the SIMD paths' share
+        # the SIMD paths' share: full tiles, and outputs narrower than a tile
+        # of a paired layer of int8 weights (int16 ones put the sums in
+        # int64) over int16 activations, in whole steps of input pairs
+        tiling["narrow"] = (narrow_plan(tiling["tail"], k) if pairs and tiling["tail"]
+                            and w.type.dtype == I8 and x.type.dtype == I16 else {})
+        tiling["simd"] = in_pairs and (tiling["count"] > 0 or bool(tiling["narrow"]))
         # ... which requantize in vectors too, on the paths listed, for a
         # plain clamp into int16: int32 sums on both (kml_requant8_avx2),
         # int64 sums on AVX2 only (kml_requant4_s64_avx2: SSE2 has neither
         # 64-bit compares nor per-lane 64-bit shifts, and its scalar
         # epilogue measured faster); otherwise the scalar epilogue follows
-        vector = tiling["simd"] and a["mode"] == "clamp" and "mult_neg" not in a \
+        vector = tiling["count"] > 0 and a["mode"] == "clamp" and "mult_neg" not in a \
             and y.dtype == I16
         tiling["simd_epilogue"] = (SIMD_ISAS if pairs else ("avx2",)) if vector else ()
         ops = {"x": self.operand(x, "x"), **wtiles, "b": self.const(b, "bias"),

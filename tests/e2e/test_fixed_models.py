@@ -30,7 +30,12 @@ WIDE = "heimdall_w16"
 # products and tables of activations (conftest.fixed_math): every input
 # code through kml_tab and kml_qmul under the sanitizers and in the kernels
 MATH = "math"
-MODELS = list(SEED_MODELS) + ["offset", WIDE, MATH]
+# layers narrower than a tile on the SIMD paths (passes/lower.py,
+# narrow_plan): 5 outputs after a tile and 2 outputs alone, both of an odd
+# K; and an int16 layer whose 5 outputs after its tiles sum in int64
+NARROW = "narrow"
+NARROW_BITS = "8,16,8,8"
+MODELS = list(SEED_MODELS) + ["offset", WIDE, MATH, NARROW]
 
 
 def seed_of(name):
@@ -51,6 +56,24 @@ def offset_model():
     return make_model(nodes, [("x", [1, 2])], [("y", [1, 3])], inits)
 
 
+def narrow_model():
+    """12 -> 24 ReLU -> 21 ReLU -> 13 ReLU -> 2."""
+    from onnx import helper
+
+    r = np.random.default_rng(9)
+    nodes, inits, x = [], {}, "x"
+    for i, (a, b) in enumerate([(12, 24), (24, 21), (21, 13), (13, 2)]):
+        inits[f"w{i}"] = (r.normal(size=(b, a)) / np.sqrt(a)).astype(np.float32)
+        inits[f"b{i}"] = (r.normal(size=b) * 0.3).astype(np.float32)
+        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"h{i}"], name=f"fc{i}",
+                                      transB=1))
+        x = f"h{i}"
+        if i < 3:
+            nodes.append(helper.make_node("Relu", [x], [f"a{i}"], name=f"relu{i}"))
+            x = f"a{i}"
+    return make_model(nodes, [("x", [1, 12])], [(x, [1, 2])], inits)
+
+
 def offset_rows(n, seed, far=False):
     r = np.random.default_rng(seed)
     x = np.stack([1000 + r.random(n), r.uniform(-5, 5, n)], axis=1)
@@ -64,6 +87,8 @@ def calibration(name):
         return offset_rows(2000, 21)
     if name == MATH:
         return np.random.default_rng(21).normal(size=(500, 4)).astype(np.float32)
+    if name == NARROW:
+        return np.random.default_rng(21).normal(size=(2000, 12)).astype(np.float32)
     return seed_models.sample_inputs(seed_of(name), 2000, seed=21)
 
 
@@ -72,6 +97,10 @@ def held_out(name, n=5000):
         return offset_rows(n, 22, far=True)
     if name == MATH:
         return np.random.default_rng(22).normal(size=(n, 4)).astype(np.float32)
+    if name == NARROW:    # a third of the rows 3-30x beyond calibration: saturations
+        x = np.random.default_rng(22).normal(size=(n, 12)).astype(np.float32)
+        x[::3] *= 3 + 27 * np.random.default_rng(23).random((len(x[::3]), 1), np.float32)
+        return x
     return seed_models.sample_inputs(seed_of(name), n, seed=22)
 
 
@@ -82,13 +111,30 @@ def fixed(tmp_path_factory):
     for name in MODELS:
         model, golden = (offset_model(), offset_rows(GOLDEN, 23, far=True)) if name == "offset" \
             else (fixed_math(), held_out(MATH, GOLDEN) * 3) if name == MATH \
+            else (narrow_model(), held_out(NARROW, GOLDEN)) if name == NARROW \
             else (EXAMPLES / f"{seed_of(name)}.onnx",
                   seed_models.sample_inputs(seed_of(name), GOLDEN, seed=23))
         res = kcompile(model, root / name, name=f"{name}_fx", numerics="fixed",
                        calibration=calibration(name), golden_data=golden, golden_count=GOLDEN,
-                       weight_bits="16,8,8" if name == WIDE else "auto")
+                       weight_bits="16,8,8" if name == WIDE else NARROW_BITS if name == NARROW
+                       else "auto")
         out[name] = (root / name, res.program)
     return out
+
+
+def test_narrow_model_has_narrow_steps(fixed):
+    """NARROW reaches what it is for: two layers narrower than a tile on the
+    SIMD paths, one after a tile, both of an odd K, pairs left after the
+    last whole step on a path; and int64 sums with outputs after the tiles."""
+    _, prog = fixed[NARROW]
+    ks = [k for k in prog.kernels if k.kind == "qdense"]
+    assert [(k.params["acc"], k.params["tiles"]["count"], k.params["tiles"]["tail"],
+             bool(k.params["tiles"]["narrow"]), k.params["k"]) for k in ks] == \
+        [("i32", 3, 0, False, 12), ("i64", 2, 5, False, 24), ("i32", 1, 5, True, 21),
+         ("i32", 0, 2, True, 13)]
+    assert all(k.params["tiles"]["simd"] for k in ks)
+    assert any((k.params["k"] // 2) % plan["pairs"] for k in ks
+               for plan in k.params["tiles"]["narrow"].values())
 
 
 def test_offset_model_takes_both_paths(fixed):

@@ -52,6 +52,13 @@ SPECS = {
     "tails": (6, [(13, "Relu"), (9, "LeakyRelu"), (2, None)]),
     # Clip and no activation (both ends counted); a sigmoid (table) layer
     "clamps": (8, [(16, "Clip"), (16, None), (16, "Sigmoid"), (1, None)]),
+    # narrower than a tile (passes/lower.py, narrow_plan), after tiles or
+    # alone: 7 outputs (AVX2 and SSE2 steps of 8 and 4 pairs, then 4 pairs
+    # left over on AVX2), 4 of an odd K (steps of 2 and 1 pairs, the last
+    # input), 5 after 2 tiles, 5 alone under a leaky ReLU (the scalar
+    # epilogue's negative words), 1 after 3 tiles, 2 alone (LinnOS's last)
+    "narrow": (10, [(40, "Relu"), (7, "Relu"), (20, None), (21, "Relu"), (5, "LeakyRelu"),
+                    (24, "Relu"), (25, "Relu"), (2, None)]),
 }
 
 
@@ -73,9 +80,10 @@ def hostile(n_in, n, seed):
 # int16 weights make int64 sums: "16,8,8" mixes such a layer (int64 lanes,
 # a ReLU's epilogue: on AVX2 in vectors, on SSE2 scalar) with int32 ones;
 # "clamps" all int16 puts Clip and a plain clamp (both ends counted) on
-# int64 lanes too
+# int64 lanes too; "tails" all int16 has int64 layers with outputs after
+# their tiles (a wrong int32 tail there once went unseen)
 @pytest.fixture(scope="module", params=[(s, "auto") for s in SPECS] +
-                [("odd", "16,8,8"), ("clamps", "16,16,16,16")],
+                [("odd", "16,8,8"), ("clamps", "16,16,16,16"), ("tails", "16,16,16")],
                 ids=lambda p: f"{p[0]}-w{p[1]}")
 def compiled(request, tmp_path_factory):
     spec, bits = request.param
@@ -106,22 +114,36 @@ def test_models_reach_every_shape(compiled):
         assert (ks[0].params["acc"] == "i64") == (list(prog.quant.weight_bits.values())[0] == 16)
         assert not ks[0].params["tiles"]["pairs"] or ks[0].params["acc"] == "i32"
     if name == "tails":
-        assert {k.params["tiles"]["tail"] for k in ks} == {5, 1}
+        assert {k.params["tiles"]["tail"] for k in ks if k.params["tiles"]["count"]} == {5, 1}
         assert any("rq_neg" in k.operands for k in ks)
+    if name == "narrow":
+        narrow = [(k.params["tiles"]["count"], k.params["tiles"]["tail"]) for k in ks
+                  if k.params["tiles"]["narrow"]]
+        assert narrow == [(0, 7), (2, 4), (2, 5), (0, 5), (3, 1), (0, 2)], narrow
+        assert any(k.params["k"] % 2 for k in ks if k.params["tiles"]["narrow"])
+        # pairs left after the last whole step, on one path or both
+        assert any((k.params["k"] // 2) % plan["pairs"] for k in ks
+                   for plan in k.params["tiles"]["narrow"].values())
     if name == "clamps":
         assert {k.params["mode"] for k in ks} >= {"clamp", "lut"}
         assert any(k.params["mode"] == "clamp" and not k.params.get("relu") for k in ks)
     # the vector epilogue: int32 sums on both paths, int64 sums on AVX2 only
     for k in ks:
-        vector = k.params["mode"] == "clamp" and "rq_neg" not in k.operands
+        vector = k.params["mode"] == "clamp" and "rq_neg" not in k.operands \
+            and k.params["tiles"]["count"] > 0
         want = () if not vector else ("sse2", "avx2") if k.params["acc"] == "i32" else ("avx2",)
         assert tuple(k.params["tiles"]["simd_epilogue"]) == want, k.fn
     # ... which the int16 models reach: a ReLU (odd), Clip and none (clamps)
     wide = {bool(k.params.get("relu")) for k in ks
             if k.params["acc"] == "i64" and k.params["tiles"]["simd_epilogue"]}
     bits = list(prog.quant.weight_bits.values())
-    assert wide == ({True} if bits[0] == 16 and name == "odd" else
-                    {False} if bits[0] == 16 else set()), wide
+    assert wide == ({"odd": {True}, "clamps": {False}, "tails": {True}}[name] if bits[0] == 16
+                    else set()), wide
+    # int16 tails: after the tiles, the scalar function's own int64 block
+    # (not the int32 pairs, which would wrap)
+    if bits[0] == 16 and name == "tails":
+        assert {(k.params["acc"], k.params["tiles"]["tail"]) for k in ks} == {("i64", 5),
+                                                                               ("i64", 1)}
 
 
 def test_every_path_is_the_integer_evaluator(compiled):
