@@ -242,7 +242,8 @@ def random_spec(seed):
 @pytest.mark.parametrize("seed", range(100, 116))
 def test_random_shapes_every_path_is_the_integer_evaluator(seed, tmp_path):
     """Random shapes and widths, every path against the integer evaluator
-    and the scalar path's saturation counts.  Before the SIMD paths summed
+    and the scalar path's saturation counts, and every function's frame
+    bounded unoptimized.  Before the SIMD paths summed
     an int16 layer's outputs after its tiles in int64, 4 of these 16 seeds
     (and 8 of seeds 0-39) differed on SSE2 and AVX2, and seed 114's twin
     did not build (a 624-byte frame); seeds 0-119 now run clean."""
@@ -251,6 +252,9 @@ def test_random_shapes_every_path_is_the_integer_evaluator(seed, tmp_path):
                    calibration=rows(spec[0], 500, 1), weight_bits=bits, targets="user",
                    headroom=1.0)
     twin = load(tmp_path)
+    # every frame bounded (<= 512 bytes) even unoptimized, no recursion
+    (tmp_path / "su").mkdir()
+    kernel_c.check_stack_and_no_recursion(tmp_path, f"simd_r{seed}", tmp_path / "su")
     x = np.concatenate([twin.encode(rows(spec[0], 400, 2, far=True)), hostile(spec[0], 100, 3)])
     ref = np.stack([np.concatenate([np.asarray(o).reshape(-1) for o in
                                     interpret(res.program.quant.int_graph, row[None])])
