@@ -318,6 +318,16 @@ static inline KML_TARGET_AVX2 kml_s32x8 kml_widen8_s16_avx2(const s16 *w)
 #endif
 }
 
+/* Four s32 sign-extended to s64 in one vpmovsxdq. */
+static inline KML_TARGET_AVX2 kml_s64x4 kml_widen4_s32_avx2(kml_s32x4 v)
+{
+#ifdef __clang__
+	return __builtin_convertvector(v, kml_s64x4);
+#else
+	return __builtin_ia32_pmovsxdq256(v);
+#endif
+}
+
 /* |w * x| < 2^30: int16 weights and inputs (the SIMD paths' contract) */
 static inline KML_TARGET_AVX2 void kml_last8_s8_avx2(kml_u32x8 *acc, const s8 *w, s32 x)
 {
@@ -397,6 +407,19 @@ static inline KML_TARGET_SSE2 kml_u64x2 kml_srl64_sse2(kml_u64x2 v, kml_u64x2 c)
 }
 
 /*
+ * round(m / 2^s) with ties up, lane by lane, for m < 2^63 and s <= 62:
+ * ((2m >> s) + 1) >> 1, as floor((floor(2m / 2^s) + 1) / 2) = floor((m +
+ * 2^(s - 1)) / 2^s), and m itself where s = 0: a right shift by a vector
+ * only (SSE2 has no vector left shift by a vector either).
+ */
+static inline KML_TARGET_SSE2 kml_u64x2 kml_round_shr_sse2(kml_u64x2 m, kml_u64x2 s)
+{
+	kml_u64x2 one = { 1, 1 };
+
+	return (kml_srl64_sse2(m + m, s) + one) >> 1;
+}
+
+/*
  * The low 32 bits of each lane of p (outputs 0 and 2) and q (1 and 3), in
  * output order.
  */
@@ -406,24 +429,22 @@ static inline KML_TARGET_SSE2 kml_u32x4 kml_low32_sse2(kml_u64x2 p, kml_u64x2 q)
 }
 
 /*
- * The magnitudes m[i] requantized by the words w[i], limited to 2^20.  For
- * each product p < 2^58 and shift s <= 62, round(p / 2^s) with ties up is
- * ((2p >> s) + 1) >> 1 (floor((floor(2p / 2^s) + 1) / 2) = floor((p +
- * 2^(s - 1)) / 2^s), and p itself where s = 0): the per-lane shift is a
- * right shift only.  A result r < 2^58 reaches 2^20 exactly where r >> 20,
- * folded into its low 32 bits as (r >> 20) | (r >> 52), is not zero.
+ * The magnitudes m[i] requantized by the words w[i], limited to 2^20: each
+ * product p < 2^58 rounded by kml_round_shr_sse2.  A result r < 2^58
+ * reaches 2^20 exactly where r >> 20, folded into its low 32 bits as
+ * (r >> 20) | (r >> 52), is not zero.
  */
 static inline KML_TARGET_SSE2 kml_u32x4 kml_rq_mag4_sse2(kml_u32x4 m, kml_u32x4 w)
 {
 	kml_u32x4 mult = w >> 6, r, small;
 	kml_u32x4 limit = { KML_RQ_LIMIT, KML_RQ_LIMIT, KML_RQ_LIMIT, KML_RQ_LIMIT };
-	kml_u64x2 one = { 1, 1 }, p, q;
+	kml_u64x2 p, q;
 
 	p = (kml_u64x2)__builtin_ia32_pmuludq128((kml_s32x4)m, (kml_s32x4)mult);
 	q = (kml_u64x2)__builtin_ia32_pmuludq128((kml_s32x4)((kml_u64x2)m >> 32),
 						 (kml_s32x4)((kml_u64x2)mult >> 32));
-	p = (kml_srl64_sse2(p + p, (kml_u64x2)w & 63) + one) >> 1;
-	q = (kml_srl64_sse2(q + q, ((kml_u64x2)w >> 32) & 63) + one) >> 1;
+	p = kml_round_shr_sse2(p, (kml_u64x2)w & 63);
+	q = kml_round_shr_sse2(q, ((kml_u64x2)w >> 32) & 63);
 	r = kml_low32_sse2(p, q);
 	small = (kml_u32x4)(kml_low32_sse2((p >> 20) | (p >> 52), (q >> 20) | (q >> 52)) == 0);
 	return (r & small) | (limit & ~small);
@@ -474,6 +495,57 @@ kml_requant4_sse2(kml_u32x4 acc, const s32 *b, const u32 *rq, s16 *y, bool relu,
 	*sat -= (v < -32768) & -(s32)count_lo;
 	/* a ReLU's value is zp + r, r >= 0: nothing below lo = zp */
 	kml_clamp_store4_sse2(y, v, lo, hi, !relu || lo != zp);
+}
+
+/*
+ * A model's input encoding (kml_fixed.h, kml_round_shift), four inputs at a
+ * time: y[i] = round((x[i] - c[i]) / 2^s[i]), ties away from zero, for s32
+ * x and c (the difference exact in 64 bits) and shifts 0..62, the result's
+ * low 32 bits (the compiler proves it fits).  The magnitude rounds as in
+ * kml_round_shr_sse2, then takes the sign back.
+ */
+static inline KML_TARGET_SSE2 void kml_centre4_sse2(const s32 *x, const s32 *c, const u8 *s,
+						    s32 *y)
+{
+	kml_s32x4 xv, cv, neg;
+	kml_s64x2 lo, hi, nlo, nhi;
+
+	__builtin_memcpy(&xv, x, sizeof(xv));
+	__builtin_memcpy(&cv, c, sizeof(cv));
+	/* x - c < 0 exactly where x < c: the sign from a 32-bit compare */
+	neg = xv < cv;
+	nlo = (kml_s64x2)__builtin_shufflevector(neg, neg, 0, 0, 1, 1);
+	nhi = (kml_s64x2)__builtin_shufflevector(neg, neg, 2, 2, 3, 3);
+	/* each s32 sign-extended: its sign mask above it */
+	lo = (kml_s64x2)__builtin_shufflevector(xv, xv < 0, 0, 4, 1, 5) -
+	     (kml_s64x2)__builtin_shufflevector(cv, cv < 0, 0, 4, 1, 5);
+	hi = (kml_s64x2)__builtin_shufflevector(xv, xv < 0, 2, 6, 3, 7) -
+	     (kml_s64x2)__builtin_shufflevector(cv, cv < 0, 2, 6, 3, 7);
+	lo = (lo ^ nlo) - nlo;
+	hi = (hi ^ nhi) - nhi;
+	lo = (kml_s64x2)kml_round_shr_sse2((kml_u64x2)lo, (kml_u64x2){ s[0], s[1] });
+	hi = (kml_s64x2)kml_round_shr_sse2((kml_u64x2)hi, (kml_u64x2){ s[2], s[3] });
+	xv = __builtin_shufflevector((kml_s32x4)((lo ^ nlo) - nlo), (kml_s32x4)((hi ^ nhi) - nhi),
+				     0, 2, 4, 6);
+	__builtin_memcpy(y, &xv, sizeof(xv));
+}
+
+static inline KML_TARGET_AVX2 void kml_centre4_avx2(const s32 *x, const s32 *c, const u8 *s,
+						    s32 *y)
+{
+	kml_s32x4 xv, cv;
+	kml_s64x4 v, neg;
+	kml_u64x4 one = { 1, 1, 1, 1 }, m;
+
+	__builtin_memcpy(&xv, x, sizeof(xv));
+	__builtin_memcpy(&cv, c, sizeof(cv));
+	v = kml_widen4_s32_avx2(xv) - kml_widen4_s32_avx2(cv);
+	neg = v < 0;
+	m = (kml_u64x4)((v ^ neg) - neg);
+	m = ((m + m) >> (kml_u64x4){ s[0], s[1], s[2], s[3] }) + one;
+	v = ((kml_s64x4)(m >> 1) ^ neg) - neg;
+	xv = __builtin_shufflevector((kml_s32x8)v, (kml_s32x8)v, 0, 2, 4, 6);
+	__builtin_memcpy(y, &xv, sizeof(xv));
 }
 
 /*

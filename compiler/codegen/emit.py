@@ -580,12 +580,16 @@ def context(prog: Program, source: str, sha256: str, user_cflags: str) -> dict:
 
 def simd_context(prog: Program) -> dict:
     """The kernels with SIMD paths (paired dense layers with full tiles or
-    outputs narrower than a tile, passes/lower.py) and the multiply-adds
-    those paths take per call."""
+    outputs narrower than a tile, passes/lower.py; then the input encoding)
+    and the multiply-adds those paths take per call."""
     ks = [k for k in prog.kernels if k.kind == "qdense" and k.params["tiles"].get("simd")]
     macs = sum(k.params["k"] * (t["count"] * t["width"] + (t["tail"] if t["narrow"] else 0))
                for k in ks for t in [k.params["tiles"]])
-    return {"simd_kernels": [k.fn for k in ks], "simd_macs": macs, "isas": SIMD_ISAS,
+    # ... and, in a model that has them, its input encoding (s32 inputs,
+    # not saturated: kml_centre4_*) four inputs at a time
+    enc = [k for k in prog.kernels if ks and k.kind == "qinput" and not k.params["saturate"]
+           and k.operands["x"].dtype.ctype == "s32" and k.params["n"] >= 4]
+    return {"simd_kernels": [k.fn for k in enc + ks], "simd_macs": macs, "isas": SIMD_ISAS,
             "simd": bool(ks)}
 
 

@@ -72,6 +72,22 @@ KML_TARGET_AVX2 void rq_s64_avx2(const s64 *acc, const s64 *b, const u32 *rq, s1
 		sat[g] = kml_sat_total64_avx2(c);
 	}
 }
+
+KML_TARGET_SSE2 void centre_sse2(const s32 *x, const s32 *c, const u8 *s, s32 *y, long n)
+{
+	long i;
+
+	for (i = 0; i < n; i += 4)
+		kml_centre4_sse2(x + i, c + i, s + i, y + i);
+}
+
+KML_TARGET_AVX2 void centre_avx2(const s32 *x, const s32 *c, const u8 *s, s32 *y, long n)
+{
+	long i;
+
+	for (i = 0; i < n; i += 4)
+		kml_centre4_avx2(x + i, c + i, s + i, y + i);
+}
 """
 
 AVX2 = "avx2" in open("/proc/cpuinfo").read()
@@ -169,3 +185,31 @@ def test_epilogue_is_requantization_in_integers(lib, path, params):
     mag = np.array([abs(w[0] - params[1]) for w in want])
     big = [abs(a) * int(m) >> int(s) > 2**20 for a, m, s in zip(total, mult, shift)]
     assert 0.2 < np.mean(big) < 0.8 and (mag < 2**15).any()
+
+
+@pytest.mark.parametrize("path", ["sse2", "avx2"])
+def test_input_encoding_is_round_shift_in_integers(lib, path):
+    """kml_centre4_*: round((x - c) / 2^s), ties away from zero, the low 32
+    bits, for any s32 x and c (the difference needs 33 bits) and every
+    shift 0..62; ties, zero and the int32 ends included."""
+    if path == "avx2" and not AVX2:
+        pytest.skip("this CPU has no AVX2")
+    r = np.random.default_rng(5)
+    n = 40_000
+    x = r.integers(-2**31, 2**31, n) >> r.integers(0, 32, n)
+    c = r.integers(-2**31, 2**31, n) >> r.integers(0, 32, n)
+    s = r.integers(0, 63, n)
+    x[:8] = [2**31 - 1, -2**31, 0, 5, -5, 6, -6, 3]
+    c[:8] = [-2**31, 2**31 - 1, 0, 0, 0, 0, 0, 0]
+    s[:8] = [0, 1, 5, 1, 1, 2, 2, 1]         # 5/2, -5/2, 6/4, -6/4, 3/2: ties
+    x, c, s = x.astype(np.int32), c.astype(np.int32), s.astype(np.uint8)
+    y = np.empty(n, np.int32)
+    getattr(lib, f"centre_{path}")(ptr(x), ptr(c), ptr(s), ptr(y), ctypes.c_long(n))
+    want = []
+    for xi, ci, si in zip(x.tolist(), c.tolist(), s.tolist()):
+        v = xi - ci
+        q, rem = divmod(abs(v), 1 << si)
+        m = q + (1 if si and 2 * rem >= (1 << si) else 0)
+        want.append(((m if v >= 0 else -m) + 2**31) % 2**32 - 2**31)
+    assert y.tolist() == want
+    assert want[3:8] == [3, -3, 2, -2, 2]      # the ties, away from zero
