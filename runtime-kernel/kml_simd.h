@@ -14,8 +14,11 @@
  * step is exact modulo 2^32 (pmaddwd's one wrapping case, four times
  * -32768, is also exact modulo 2^32), and the overflow proof bounds each
  * final sum by 2^31, so the sum modulo 2^32 is the sum: the same integer
- * as the scalar path's, bit for bit, in any order.  Requantization and
- * activations stay scalar on every path.
+ * as the scalar path's, bit for bit, in any order.  Layers whose sums need
+ * int64 add each pmaddwd's pair sums (exact in int32) to int64 lanes.
+ * Requantization into int16 (ReLU, Clip, a plain clamp) and the input
+ * encoding run in vectors too, each the integer arithmetic of kml_fixed.h
+ * lane by lane; other activations (tables, leaky ReLU) stay scalar.
  *
  * The SIMD functions are compiled for their instruction set with a target
  * attribute, in the same translation unit as the scalar code, and run
