@@ -440,8 +440,8 @@ class _Lowering:
         # int64 sums on AVX2 only (kml_requant4_s64_avx2: SSE2 has neither
         # 64-bit compares nor per-lane 64-bit shifts, and its scalar
         # epilogue measured faster); otherwise the scalar epilogue follows
-        vector = tiling["count"] > 0 and a["mode"] == "clamp" and "mult_neg" not in a \
-            and y.dtype == I16
+        vector = tiling["simd"] and tiling["count"] > 0 and a["mode"] == "clamp" \
+            and "mult_neg" not in a and y.dtype == I16
         tiling["simd_epilogue"] = (SIMD_ISAS if pairs else ("avx2",)) if vector else ()
         ops = {"x": self.operand(x, "x"), **wtiles, "b": self.const(b, "bias"),
                "rq": self.array("rq", rq_words(a["mult"], a["shift"]), U32)}
