@@ -46,8 +46,12 @@
  * Counters are per CPU; leg health is an atomic bitmap; a failed read is
  * resubmitted from a work item; the dm event is raised from another.
  *
- * Guards (kml_guard.h, docs/hooks.md): each decision passes them with the
- * primary as the default, under the mirror's lock; a read decided on an
+ * Guards (kml_guard.h, docs/hooks.md): one for the module, as the other
+ * hooks have, each mirror a key of it: every mirror runs the same weight
+ * set, and a verdict pooled over all of them is reached sooner and applies
+ * to all at once (mirrors judged apart can disagree, one sending its reads
+ * to a leg the other's verdict keeps busy).  Each decision passes them
+ * with the primary as the default, under kml_guard_lock; a read decided on an
  * A/B arm reports its latency, on whichever leg served it, from end_io(),
  * with the generation of the weight set that decided it (kept in the
  * bio's data), so that a cost counts for the set its decision ran on.
@@ -106,10 +110,9 @@ struct kml_mirror {
 	unsigned long failed;		/* bit i: leg i failed (set only, atomic bitops) */
 	bool elsewhere;			/* replicated_elsewhere: writes to leg 0 only */
 	u64 id;				/* in the trace */
-	raw_spinlock_t lock;		/* state, inflight, seq, guard, gkey */
+	raw_spinlock_t lock;		/* state, inflight, seq */
 	struct kml_admit_state state;
-	struct kml_guarded guard;	/* kml_guard.h: the mirror's guards */
-	struct kml_guard_key gkey;
+	struct kml_guard_key gkey;	/* under kml_guard_lock */
 	u32 inflight;			/* reads and writes in flight on the primary */
 	u64 seq;
 	atomic64_t declined;
@@ -147,6 +150,15 @@ struct kml_io {
 };
 
 static atomic64_t kml_ids;
+
+/*
+ * The module's guards, every mirror a key (its gkey, its id in the trace):
+ * kml_guard_lock serializes their steps, and is taken with interrupts off
+ * (end_io() may run in hard interrupt context), never with a mirror's
+ * lock held, for O(features) work; the guard's id in the trace is 0.
+ */
+static DEFINE_RAW_SPINLOCK(kml_guard_lock);
+static struct kml_guarded kml_guard;
 
 static struct kml_io *kml_io_of(struct bio *bio)
 {
@@ -255,9 +267,9 @@ static int kml_map_read(struct kml_mirror *m, struct bio *bio, struct kml_io *io
 		this_cpu_inc(m->stats->inferences);
 		this_cpu_add(m->stats->infer_ns, ns);
 		/* the guards: the default is what md raid1 does, the primary */
-		raw_spin_lock_irqsave(&m->lock, flags);
-		leg = kml_guarded_decide(&m->guard, &m->gkey, m->id, d, 0, f, gen, &arm) > 0;
-		raw_spin_unlock_irqrestore(&m->lock, flags);
+		raw_spin_lock_irqsave(&kml_guard_lock, flags);
+		leg = kml_guarded_decide(&kml_guard, &m->gkey, m->id, d, 0, f, gen, &arm) > 0;
+		raw_spin_unlock_irqrestore(&kml_guard_lock, flags);
 	} else if (d != -ENODEV) {
 		this_cpu_inc(m->stats->infer_errors);
 	}
@@ -320,10 +332,10 @@ static int kml_read_done(struct kml_mirror *m, struct bio *bio, struct kml_io *i
 		kml_primary_done(m, io, *error);
 	if (io->arm != KML_GUARD_ARM_NONE && !*error && !io->retried) {
 		/* the benefit guard's cost: the read's latency, on whichever leg */
-		raw_spin_lock_irqsave(&m->lock, flags);
-		kml_guarded_cost(&m->guard, m->id, io->arm, io->gen,
+		raw_spin_lock_irqsave(&kml_guard_lock, flags);
+		kml_guarded_cost(&kml_guard, m->id, io->arm, io->gen,
 				 ktime_get_ns() - io->start_ns);
-		raw_spin_unlock_irqrestore(&m->lock, flags);
+		raw_spin_unlock_irqrestore(&kml_guard_lock, flags);
 	}
 	if (!*error || io->retried || (bio->bi_opf & REQ_RAHEAD) || *error == BLK_STS_NOTSUPP)
 		return DM_ENDIO_DONE;
@@ -518,19 +530,19 @@ static int kml_iterate_devices(struct dm_target *ti, iterate_devices_callout_fn 
 }
 
 /*
- * The guards' counters for the status line (a frame of its own: the
+ * The module's guard counters for the status line (a frame of its own: the
  * counters' copy and kml_status()'s would add up under KASAN).
  */
-static noinline_for_stack void kml_guard_status(struct kml_mirror *m, char *result,
-						unsigned int maxlen, unsigned int *psz)
+static noinline_for_stack void kml_guard_status(char *result, unsigned int maxlen,
+						unsigned int *psz)
 {
 	struct kml_guard_counts g;
 	unsigned int sz = *psz;
 	unsigned long flags;
 
-	raw_spin_lock_irqsave(&m->lock, flags);
-	kml_guard_counts(&m->guard.g, &g);
-	raw_spin_unlock_irqrestore(&m->lock, flags);
+	raw_spin_lock_irqsave(&kml_guard_lock, flags);
+	kml_guard_counts(&kml_guard.g, &g);
+	raw_spin_unlock_irqrestore(&kml_guard_lock, flags);
 	DMEMIT(" guard=%llu,%llu,%llu,%llu,%llu,%llu,%llu", g.why[KML_WHY_MODEL],
 	       g.why[KML_WHY_SHADOW], g.why[KML_WHY_ENVELOPE], g.why[KML_WHY_CONTROL],
 	       g.why[KML_WHY_DEMOTED], g.why[KML_WHY_PROBE], g.why[KML_WHY_RATE]);
@@ -567,7 +579,7 @@ static void kml_status(struct dm_target *ti, status_type_t type, unsigned int st
 			DMEMIT(" leg%d=%llu,%llu,%llu,%llu,%llu,%llu", i, t.leg[i].reads,
 			       t.leg[i].writes, t.leg[i].flushes, t.leg[i].fua, t.leg[i].discards,
 			       t.leg[i].errors);
-		kml_guard_status(m, result, maxlen, &sz);
+		kml_guard_status(result, maxlen, &sz);
 		break;
 	case STATUSTYPE_TABLE:
 		DMEMIT("%s %s", m->leg[0]->name, m->leg[1]->name);
@@ -650,7 +662,6 @@ static int kml_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	ti->private = m;
 	m->ti = ti;
 	m->id = atomic64_inc_return(&kml_ids);
-	m->guard.id = m->id;
 	raw_spin_lock_init(&m->lock);
 	spin_lock_init(&m->retry_lock);
 	bio_list_init(&m->retries);

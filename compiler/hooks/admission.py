@@ -34,9 +34,17 @@ class Admission(Hook):
     row_kinds = ("reads", "read completions", "write completions")
     # A read's latency; the model starts trusted: a learned model's gain
     # on a trace can be under the margin, and a trial would demote it
-    # (examples/admission/guards.py: 7 of 50 seeds, one then above the
-    # baseline), while a wrong one is demoted at its first verdict anyway.
-    benefit = {"benefit_trial": 0}
+    # (examples/admission/guards.py --guard benefit --guard benefit_trial=1:
+    # 10 of 50 seeds, two then above the baseline), while a wrong one is
+    # demoted at its first verdict anyway.  A demoted model probes one
+    # decline in 256, not 64: a window of probes that dodged the other
+    # leg's garbage collection while the kept reads met the primary's
+    # trusts a wrong model again, and every probe that lands in a
+    # collection costs a slow read (guards.py: the wrong model's worst
+    # seed 1.055 -> 1.022 of the baseline, its second halves' worst
+    # 1.091 -> 1.007; the learned model's unchanged, 50 of 50 seeds at or
+    # below the baseline).
+    benefit = {"benefit_trial": 0, "benefit_probe_every": 256}
     params = {
         "probe_every": Param(64, 0, 2**32 - 1,
                              "send every Nth declined read to the primary anyway"),

@@ -18,6 +18,7 @@ Writes OUT/guards.json and OUT/guards.md (OUT: examples/admission/results).
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -93,15 +94,17 @@ def summary(per_seed: list[dict]) -> dict:
 
 
 def markdown(res: dict) -> str:
-    s, n = res["summary"], res["settings"]["seeds"]
+    s, n, g = res["summary"], res["settings"]["seeds"], res["settings"]["guard"]
     L = [f"# The admission hook's guards on {n} evaluation seeds\n",
          f"`{res['command']}` on {res['run']['machine']}, {res['run']['seconds']} s.  "
          f"Guards: `{' '.join(res['settings']['guards'])}` (docs/hooks.md, \"Guards\"; "
-         "the defaults: of the reads the model declines, one in 8 is kept on the primary "
-         "as the control; periods of 16 latencies per arm; the model is demoted when, "
-         "over the last 4 periods, the reads it sent to the other leg were more than 10% "
-         "slower than the declined reads kept, and trusted again when they were 10% "
-         "faster; demoted, one decline in 64 still goes to the other leg).  Read latency "
+         f"the compiled parameters: of the reads the model declines, one in "
+         f"{g['benefit_every']} is kept on the primary as the control; periods of "
+         f"{g['benefit_samples']} latencies per arm; the model is demoted when, over the last "
+         f"{g['benefit_periods']} periods, the reads it sent to the other leg were more than "
+         f"{g['benefit_margin_pct']}% slower than the declined reads kept, and trusted again "
+         f"when they were {g['benefit_margin_pct']}% faster; demoted, one decline in "
+         f"{g['benefit_probe_every']} still goes to the other leg).  Read latency "
          "in us, each seed's average; the ratio is to the baseline's (every read to its "
          "primary) on the same seed; the second half: the reads arriving in the last "
          "second of each 2-second trace.\n",
@@ -146,13 +149,15 @@ def main(argv=None) -> int:
         dirs[name] = build / name
         kmlc(*search.compile_cmd(onnx[base], dirs[name], cal, False, "--target", "kernel",
                                  "--target", "user", *(guards if name != base else [])))
+    # the guard's parameters as compiled (--guard and the hook's defaults)
+    guard_cfg = json.loads((dirs["learned_guarded"] / "kmlc.json").read_text())["guard"]
     cfg = traces.Config(duration_s=2.0)
     seeds = list(range(a.seeds))
     ctx = get_context("spawn")
     with ProcessPoolExecutor(a.jobs, mp_context=ctx) as ex:
         per_seed = list(ex.map(run_seed, seeds, [cfg] * len(seeds), [dirs] * len(seeds)))
     res = {"command": " ".join(["python", "examples/admission/guards.py", *(argv or sys.argv[1:])]),
-           "settings": {"seeds": a.seeds, "guards": guards, "models": {
+           "settings": {"seeds": a.seeds, "guards": guards, "guard": guard_cfg, "models": {
                "learned": "examples/admission/results/heimdall.onnx",
                "inverted": "the same, last layer negated"}},
            "summary": evaluate.rounded(summary(per_seed), 5),

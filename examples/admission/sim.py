@@ -331,17 +331,18 @@ class AdmissionHook:
     ``log`` also keeps every I/O sent to the primary in submission order,
     [1 read or 2 write, bytes, latency ns], for the labels.
 
-    With ``guard`` (a ``twin.guard_session()``: the module's kml_guard.h),
-    each decision of the model passes the mirror's guards with the primary
-    as the default, as in the module (docs/hooks.md, "Guards"); ``envelope``
+    With ``guard`` (a ``twin.guard_session()``: the module's kml_guard.h,
+    one for all mirrors, as in the module; this mirror is its ``key``),
+    each decision of the model passes the guards with the primary as the
+    default, as in the module (docs/hooks.md, "Guards"); ``envelope``
     ([lo, hi] of the encoded features, or None) flags the features outside
     it; a read decided on an A/B arm reports its latency, on whichever
     replica served it (``cost``)."""
 
     def __init__(self, view, decide, probe_every: int = 64, trace: bool = False,
-                 guard=None, envelope=None):
+                 guard=None, envelope=None, key: int = 0):
         self.view, self.decide, self.probe_every = view, decide, probe_every
-        self.guard = guard
+        self.guard, self.key = guard, key
         self.envelope = None if envelope is None else [np.asarray(e) for e in envelope]
         self.inflight = 0
         self.reads = self.declined = self.probes = self.to_replica = self.writes = 0
@@ -371,7 +372,7 @@ class AdmissionHook:
         if self.guard is not None:
             lo_hi = self.envelope
             out = lo_hi is not None and bool(np.any(f < lo_hi[0]) or np.any(f > lo_hi[1]))
-            d, _, arm = self.guard.decide(d, 0, outside=out, now=t)
+            d, _, arm = self.guard.decide(d, 0, key=self.key, outside=out, now=t)
         self.declined += d
         use = d > 0
         if use and self.probe_every and self.declined % self.probe_every == 0:
@@ -417,8 +418,10 @@ class Admission(Policy):
     def __init__(self, name, size, view, decide, probe_every: int = 64, trace: bool = False,
                  guard=None, envelope=None):
         self.name, self.size = name, size
-        self.hooks = [AdmissionHook(view(), decide, probe_every, trace,
-                                    guard() if guard else None, envelope) for _ in (0, 1)]
+        # one guard for the module, each mirror a key of it (kml_admit.c)
+        g = guard(nkeys=2) if guard else None
+        self.hooks = [AdmissionHook(view(), decide, probe_every, trace, g, envelope, key)
+                      for key in (0, 1)]
 
     def route(self, c, i, t):
         to_replica, token, arm = self.hooks[c].map(self.size[i], t)
@@ -439,9 +442,10 @@ class Admission(Policy):
         out = {k: sum(getattr(h, k) for h in self.hooks)
                for k in ("reads", "declined", "probes", "to_replica", "writes")}
         if self.hooks[0].guard is not None:
+            g = self.hooks[0].guard.counters     # the module's one guard
             for k in ("demotions", "promotions", "periods", "envelope_trips", "control",
                       "demoted", "probe"):
-                out[f"guard_{k}"] = sum(h.guard.counters[k] for h in self.hooks)
+                out[f"guard_{k}"] = g[k]
         return out
 
 
@@ -450,7 +454,8 @@ def heimdall(size, decide, frac, probe_every: int = 64, trace: bool = False,
     """The learned policy: Heimdall's features and the compiled model
     (``twin.decide``), or ``lambda f: 0`` to record training data.
     ``history_writes=False``: see HeimdallView.  ``guard``: a function
-    making each mirror's guard (``twin.guard_session``), ``envelope``: the
+    making the module's guard (``twin.guard_session``, called with
+    ``nkeys``: one key per mirror), ``envelope``: the
     compiled envelope (see AdmissionHook)."""
     return Admission("heimdall", size, lambda: HeimdallView(frac, history_writes), decide,
                      probe_every, trace, guard, envelope)

@@ -445,10 +445,11 @@ def test_readme_shows_the_checked_in_results():
 # ---- the guards -------------------------------------------------------------------------
 
 def test_guarded_hook_is_the_modules_guard(tmp_path):
-    """The simulated hook with --guard benefit: its guards are the module's
-    own C (twin.guard_session), and each mirror's A/B steps, replayed from
-    the simulation through a fresh twin guard, give the same decisions; a
-    model that declines every read the learned one admits is demoted."""
+    """The simulated hook with --guard benefit: its guard is the module's
+    own C (twin.guard_session), one for both mirrors (each a key of it), and
+    its steps, replayed from the simulation through a fresh twin guard,
+    give the same decisions; a model that declines every read the learned
+    one admits is demoted."""
     import kmlc
     from kmlc.hooks import guard as G
 
@@ -464,19 +465,20 @@ def test_guarded_hook_is_the_modules_guard(tmp_path):
         assert seed["inverted_guarded"]["guard_demotions"] > 0
         assert seed["learned_guarded"]["avg"] <= seed["baseline"]["avg"]
         assert seed["inverted_guarded"]["avg"] < seed["inverted"]["avg"]
-    # step for step: what the simulated mirror's guard did is what a fresh
+    # step for step: what the simulated module's guard did is what a fresh
     # guard of the twin does with the same steps
     twin = kmlc.load(tmp_path / "build" / "inverted_guarded")
     tr = traces.generate(1, traces.Config(duration_s=0.5))
-    rows = []
+    rows, made = [], []
 
     class Recorder:
-        def __init__(self):
-            self.g = twin.guard_session()
+        def __init__(self, nkeys):
+            self.g = twin.guard_session(nkeys=nkeys)
+            made.append(nkeys)
 
-        def decide(self, m, d, outside=False, now=0):
-            out = self.g.decide(m, d, outside=outside, now=now)
-            rows.append(([0, 0, m, d, int(outside), now], [*out, self.g.state]))
+        def decide(self, m, d, key=0, outside=False, now=0):
+            out = self.g.decide(m, d, key=key, outside=outside, now=now)
+            rows.append(([0, key, m, d, int(outside), now], [*out, self.g.state]))
             return out
 
         def cost(self, arm, c):
@@ -488,19 +490,15 @@ def test_guarded_hook_is_the_modules_guard(tmp_path):
         def counters(self):
             return self.g.counters
 
-    one = [True]
-
-    def make():                          # record the first mirror's guard only
-        if one.pop() if one else False:
-            return Recorder()
-        return twin.guard_session()
     pol = sim.heimdall(tr.size, lambda f: twin.decide(f)[0], twin.hook_frac,
-                       history_writes=False, guard=make)
+                       history_writes=False, guard=lambda nkeys: Recorder(nkeys))
     sim.simulate(tr, pol)
+    assert made == [2]                   # one guard, a key per mirror
     steps = np.array([r[0] for r in rows], np.int64)
     want = np.array([r[1] for r in rows], np.int64)
     assert len(steps) > 1000 and G.WHY.index("control") in want[:, 1]
-    assert np.array_equal(twin.guard(steps), want)
+    assert set(steps[steps[:, 0] == 0, 1].tolist()) == {0, 1}
+    assert np.array_equal(twin.guard(steps, nkeys=2), want)
 
 
 # ---- trace, retrain, pack, swap ----------------------------------------------------------
