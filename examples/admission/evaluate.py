@@ -35,7 +35,7 @@ def hooked(outdir) -> dict:
            "history_writes": tw.meta.get("hook_params", {}).get("history_writes", True)}
     cfg = tw.meta.get("guard")
     if cfg and (cfg["benefit_every"] or cfg["envelope_pct"] or cfg["rate_ms"] or cfg["shadow"]):
-        # compiled with --guard: each mirror's guards, the module's own C
+        # compiled with --guard: the module's guard (one for all mirrors), its own C
         out["guard"] = tw.guard_session
         out["envelope"] = tw.meta.get("guard_envelope")
     return out

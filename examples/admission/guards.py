@@ -11,8 +11,9 @@ output is 1 - the learned one's, so it declines the reads the learned
 model admits and admits the ones it declines), both compiled as run.py
 compiles the learned one (fixed point, ``results/calibration.npy``,
 ``--hooks admission --hook-param history_writes=0``), with and without
-``GUARDS``.  In the simulator each mirror's guards are the module's own C
-(``twin.guard_session``: kml_guard.h), its decisions the twin's.
+``GUARDS``.  In the simulator the module's guard, one for both mirrors,
+is the module's own C (``twin.guard_session``: kml_guard.h), its
+decisions the twin's.
 
 Writes OUT/guards.json and OUT/guards.md (OUT: examples/admission/results).
 """
@@ -121,8 +122,27 @@ def markdown(res: dict) -> str:
                  f"{r['ratio_mean']:.3f} | {r['ratio_max']:.3f} | "
                  f"{r['seeds_at_or_below_baseline']}/{n} | {r['late_ratio_mean']:.3f} | "
                  f"{r['late_ratio_max']:.3f} | {100 * r['reroute']:.1f}% | {dem} |")
+    L += ["", "The guardrails issue's targets for admission:", ""]
+    L += [f"* {text}: {'yes' if ok else 'no'}" for text, ok in targets(s, n)]
     L.append("")
     return "\n".join(L)
+
+
+def targets(s: dict, n: int) -> list[tuple[str, bool]]:
+    """The guardrails issue's admission targets, each (text, met)."""
+    good, bad = s["learned_guarded"], s["inverted_guarded"]
+    return [
+        (f"the learned model, guarded, at or below the baseline on every seed "
+         f"({good['seeds_at_or_below_baseline']}/{n})", good["seeds_at_or_below_baseline"] == n),
+        (f"the wrong model demoted on every seed ({bad['demoted_seeds']}/{n})",
+         bad["demoted_seeds"] == n),
+        (f"the wrong model, guarded, within 2% of the baseline on average "
+         f"({bad['ratio_mean']:.3f})", bad["ratio_mean"] <= 1.02),
+        (f"... and where each run ends, every seed's second half "
+         f"(worst {bad['late_ratio_max']:.3f})", bad["late_ratio_max"] <= 1.02),
+        (f"... and over every seed's whole run, its first demotion's cost included "
+         f"(worst {bad['ratio_max']:.3f})", bad["ratio_max"] <= 1.02),
+    ]
 
 
 def main(argv=None) -> int:

@@ -449,22 +449,31 @@ def test_guarded_hook_is_the_modules_guard(tmp_path):
     own C (twin.guard_session), one for both mirrors (each a key of it), and
     its steps, replayed from the simulation through a fresh twin guard,
     give the same decisions; a model that declines every read the learned
-    one admits is demoted."""
+    one admits is demoted, and ends within 2% of the baseline.  Seeds 0-7:
+    on seed 7 a guard per mirror left the wrong model's second half 1.247x
+    the baseline's, and probes of one decline in 64 left seed 4's 1.091x."""
     import kmlc
     from kmlc.hooks import guard as G
 
-    res = subprocess.run([sys.executable, str(EXAMPLE / "guards.py"), "--seeds", "2", "--out",
+    res = subprocess.run([sys.executable, str(EXAMPLE / "guards.py"), "--seeds", "8", "--out",
                           tmp_path / "res", "--build", tmp_path / "build"],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     js = json.loads((tmp_path / "res" / "guards.json").read_text())
-    assert (tmp_path / "res" / "guards.md").read_text().count("| inverted") == 2
+    md = (tmp_path / "res" / "guards.md").read_text()
+    assert md.count("| inverted") == 2
     for seed in js["seeds"]:
-        # the wrong model is demoted on every seed; the learned one's guarded
-        # average is no worse than the baseline's
+        # the wrong model is demoted on every seed and its run ends within 2%
+        # of the baseline; the learned one's guarded average is no worse
+        # than the baseline's
         assert seed["inverted_guarded"]["guard_demotions"] > 0
+        assert seed["inverted_guarded"]["avg_late"] <= 1.02 * seed["baseline"]["avg_late"]
         assert seed["learned_guarded"]["avg"] <= seed["baseline"]["avg"]
-        assert seed["inverted_guarded"]["avg"] < seed["inverted"]["avg"]
+    # on average the guard takes the wrong model back to the baseline (on a
+    # seed where the wrong model happens to be harmless, guarded is worse)
+    summ = js["summary"]
+    assert summ["inverted_guarded"]["ratio_mean"] <= 1.02 < summ["inverted"]["ratio_mean"]
+    assert "second half (worst " in md and md.count(": yes") >= 4
     # step for step: what the simulated module's guard did is what a fresh
     # guard of the twin does with the same steps
     twin = kmlc.load(tmp_path / "build" / "inverted_guarded")
