@@ -176,8 +176,8 @@ def test_hooks_in_real_kernel(hooked):
     failover, table reload), readahead fixed (inline) and float (work
     item), NFS fixed; out-of-range parameter writes refused; restore on
     detach and unload; reload cycles; traces replayed bit for bit; and
-    100 weight swaps for each hook while it runs (the debug kernel, ten
-    times slower, runs 25)."""
+    100 weight swaps for each hook while it runs (the debug kernel runs
+    as many)."""
     dirs = [hooked[k] for k in ("admission", "readahead-fx", "readahead-fp", "nfs-fx")]
     swapped = ("admission", "readahead-fx", "nfs-fx")      # each hook
     lines = check_hooks(qemu.run(dirs, weights=sets_of(hooked, swapped)), dirs,
@@ -219,7 +219,7 @@ def test_hooks_in_rt_kernel(hooked):
 @pytest.mark.kernel
 def test_hooks_in_debug_kernel(hooked):
     """Linux 6.1 with lockdep, DEBUG_ATOMIC_SLEEP, KASAN, UBSAN and KFENCE:
-    every scenario, 25 weight swaps for each hook while it runs (each
+    every scenario, 100 weight swaps for each hook while it runs (each
     version's golden outputs the twin's, forgeries refused, rollback), and
     no report in the kernel log."""
     dirs = [hooked[k] for k in ("admission-const", "readahead-fx", "readahead-fp", "nfs-fx")]
