@@ -51,13 +51,14 @@
  * set, and a verdict pooled over all of them is reached sooner and applies
  * to all at once (mirrors judged apart can disagree, one sending its reads
  * to a leg the other's verdict keeps busy).  Each decision passes them
- * with the primary as the default, under kml_guard_lock; a read decided on an
- * A/B arm reports its latency, on whichever leg served it, from end_io(),
- * with the generation of the weight set that decided it (kept in the
- * bio's data), so that a cost counts for the set its decision ran on.
+ * with the primary as the default, under kml_guard_lock; a read decided
+ * on an A/B arm reports its latency, on whichever leg served it, from
+ * end_io(), with the generation of the weight set that decided it (kept
+ * in the bio's data), so that a cost counts for the set its decision ran
+ * on.
  *
  * Tracing: the kml_admit_read, kml_admit_done and kml_guard events.
- * dmsetup status: leg health, counters, the guards' counters.
+ * dmsetup status: leg health, counters, the module's guard counters.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 

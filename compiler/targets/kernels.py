@@ -76,8 +76,9 @@ class Kernel:
         too (a swap races the hook's inferences, which read the old set
         under RCU: a use after free there needs the race to happen, so
         KASAN gets every swap the fast kernels get; the three hooks' 300
-        swaps and the rest of their scenarios took 258 s under TCG).  arm64, whose instructions TCG translates
-        from another architecture's, several times slower: 5 and 20.  The
+        swaps and the rest of their scenarios took 258 s under TCG).
+        arm64, whose instructions TCG translates from another
+        architecture's, several times slower: 5 and 20.  The
         hooks' C is the same on every kernel: the long loops of the x86-64
         kernels are what bound leaks and races.  The same holds for the data
         the scenarios' steps move (files written, reads checksummed, load
