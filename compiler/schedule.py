@@ -24,6 +24,11 @@ from .ir import DType, TensorType, fmt_attr
 
 # The SIMD paths of fixed-point models, in order (kml_simd.h: enum kml_path)
 SIMD_ISAS = ("sse2", "avx2")
+# Offset pairs (kml_fixed.h, kml_w8_lane): a full tile of int8 weights
+# stored as the bytes w + W8_OFFSET, read by loads that run up to
+# W8_OVERREAD bytes past the array (passes/lower.py keeps them in the set)
+W8_OFFSET = 128
+W8_OVERREAD = 3
 
 
 @dataclass(eq=False)

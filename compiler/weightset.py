@@ -50,7 +50,7 @@ import struct
 import numpy as np
 
 from .errors import KmlcError
-from .schedule import Buffer, Program
+from .schedule import W8_OFFSET, Buffer, Program
 
 MAGIC = b"KMLW"
 FORMAT = 1
@@ -146,6 +146,7 @@ def dense_layers(prog: Program) -> list[dict]:
                                      if r in k.operands},
             "n": p["n"], "k": p["k"], "count": t["count"], "width": t["width"],
             "wbytes": w.dtype.size, "in_pairs": int("in_pairs" in t),
+            "woff": W8_OFFSET if t.get("offset") else 0,
             "acc_bits": 64 if p["acc"] == "i64" else 32, "x_max": int(p["x_max"]),
             "x_max_wide": int(p.get("x_max_wide", 0)), "bound": int(p["acc_bound"])})
     return out

@@ -133,37 +133,66 @@ static inline void kml_unpack2(u64 p, s64 *a)
 
 /*
  * Offset pairs (passes/lower.py): the scalar path of int8 weights stored in
- * input pairs, for a full tile of 8 outputs, whose 16 weight bytes for
- * inputs 2k and 2k + 1 are [n][j] (output n, input 2k + j).  One 64-bit
- * load of bytes 0..7 (outputs 0..3), each byte's top bit flipped so that
- * it holds w + 128 in 0..255 (kml_w8_quad), carries four pairs of weights
- * 4 bytes apart: kml_w8_lane(v, 2 * p + j) is (w + 128 of output p) +
- * (w + 128 of output p + 2) * 2^32 for input 2k + j, p = 0, 1, ready for
- * one 64-bit multiply (kml_pack2's lanes) with no sign to extend: a
- * shift and a mask per pair where kml_pack2 takes two loads, a shift and
- * an add.  Every lane then sums x[k] * (w[k] + 128), the layer's sum plus
- * 128 times the inputs' sum, which the epilogue takes off; the compiler
- * takes this path only where 255 * K * max|x| < 2^31, so that each lane's
- * sum lies in int32 whatever the int8 weights are (kml_unpack2 is exact,
- * and a new weight set needs no new proof).
+ * input pairs, for a full tile of 8 outputs.  Such a tile's weights are
+ * stored offset, as u8 w + 128 in 0..255, and its 16 bytes for inputs 2k
+ * and 2k + 1 are [n][j] (output n, input 2k + j).  An 8-byte load at byte
+ * i of a quad (bytes 0..7: outputs 0..3; 8..15: outputs 4..7), masked,
+ * keeps bytes i and i + 4: kml_w8_lane(q, 2 * p + j) is (w + 128 of output
+ * p) + (w + 128 of output p + 2) * 2^32 for input 2k + j, p = 0, 1, ready
+ * for one 64-bit multiply (kml_pack2's lanes) with no sign to extend: a
+ * load and a mask per pair of weights.  Every lane then sums x[k] *
+ * (w[k] + 128), the layer's sum plus 128 times the inputs' sum, which the
+ * epilogue takes off; the compiler takes this path only where 255 * K *
+ * max|x| < 2^31, so that each lane's sum lies in int32 whatever the int8
+ * weights are (kml_unpack2 is exact, and a new weight set needs no new
+ * proof).  The loads at bytes 1..3 of a quad read up to KML_W8_OVERREAD
+ * bytes past it, which the mask drops: the weight set holds at least that
+ * many bytes after every such array (passes/lower.py, static_assert in
+ * the model's C).
  */
-#define KML_W8_OFFSET 0x8080808080808080ULL
 #define KML_W8_LANES 0x000000ff000000ffULL
+#define KML_W8_OVERREAD 3
 
-static inline u64 kml_w8_quad(const s8 *w)
+static inline u64 kml_w8_lane(const u8 *q, unsigned int i)
 {
 	u64 v;
 
-	__builtin_memcpy(&v, w, sizeof(v));
+	__builtin_memcpy(&v, q + i, sizeof(v));
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-	v = __builtin_bswap64(v);	/* byte 0 in the low bits, as on little-endian */
+	v = __builtin_bswap64(v);	/* byte i in the low bits, as on little-endian */
 #endif
-	return v ^ KML_W8_OFFSET;
+	return v & KML_W8_LANES;
 }
 
-static inline u64 kml_w8_lane(u64 v, unsigned int i)
+/*
+ * The sum of x[0..n-1], the offset pairs' correction (times 128): four
+ * independent partial sums, so that the adds do not wait on each other.
+ */
+#define KML_SUM4(x, n)							\
+	({								\
+		__auto_type x_ = (x);					\
+		unsigned int n_ = (n), k_;				\
+		s64 s_[4] = { 0, 0, 0, 0 };				\
+									\
+		for (k_ = 0; k_ + 4 <= n_; k_ += 4) {			\
+			s_[0] += x_[k_];				\
+			s_[1] += x_[k_ + 1];				\
+			s_[2] += x_[k_ + 2];				\
+			s_[3] += x_[k_ + 3];				\
+		}							\
+		for (; k_ < n_; k_++)					\
+			s_[0] += x_[k_];				\
+		s_[0] + s_[1] + s_[2] + s_[3];				\
+	})
+
+static inline s64 kml_sum_s16(const s16 *x, unsigned int n)
 {
-	return (v >> (8 * i)) & KML_W8_LANES;
+	return KML_SUM4(x, n);
+}
+
+static inline s64 kml_sum_s32(const s32 *x, unsigned int n)
+{
+	return KML_SUM4(x, n);
 }
 
 /*

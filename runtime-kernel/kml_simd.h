@@ -58,6 +58,7 @@ enum kml_path {
 #define KML_TARGET_AVX2 __attribute__((target("avx2")))
 
 typedef s8 kml_s8x16 __attribute__((vector_size(16)));
+typedef u8 kml_u8x16 __attribute__((vector_size(16)));
 typedef s16 kml_s16x8 __attribute__((vector_size(16)));
 typedef s16 kml_s16x16 __attribute__((vector_size(32)));
 typedef s32 kml_s32x4 __attribute__((vector_size(16)));
@@ -153,6 +154,52 @@ static inline KML_TARGET_SSE2 void kml_tile8_s16_sse2(kml_u32x4 *acc, const s16 
 	acc[1] += (kml_u32x4)__builtin_ia32_pmaddwd128(hi, x);
 }
 
+/*
+ * The same step over a tile stored by offset pairs (kml_fixed.h,
+ * kml_w8_lane): u8 weights w + 128, zero-extended to int16 (punpcklbw and
+ * punpckhbw with a zero vector: one instruction per eight weights), so
+ * that the sums gain 128 times the inputs' sum, which the kernel takes
+ * off before its epilogue.  Each pmaddwd pair sum is exact: |(w + 128) *
+ * x| <= 255 * 32768, two of them below 2^31.
+ */
+static inline KML_TARGET_SSE2 void kml_tile8_u8_sse2(kml_u32x4 *acc, const u8 *w, u32 xx)
+{
+	kml_s16x8 x = (kml_s16x8)(kml_u32x4){ xx, xx, xx, xx };
+	kml_u8x16 v, z = { 0 };
+	kml_s16x8 lo, hi;
+
+	__builtin_memcpy(&v, w, sizeof(v));
+	lo = (kml_s16x8)__builtin_shufflevector(v, z, 0, 16, 1, 17, 2, 18, 3, 19,
+						4, 20, 5, 21, 6, 22, 7, 23);
+	hi = (kml_s16x8)__builtin_shufflevector(v, z, 8, 24, 9, 25, 10, 26, 11, 27,
+						12, 28, 13, 29, 14, 30, 15, 31);
+	acc[0] += (kml_u32x4)__builtin_ia32_pmaddwd128(lo, x);
+	acc[1] += (kml_u32x4)__builtin_ia32_pmaddwd128(hi, x);
+}
+
+/*
+ * The sum of n int16 inputs, the offset pairs' correction (times 128), by
+ * pmaddwd against ones, in int32 lanes modulo 2^32: exact, as the layers
+ * that take offset pairs have 255 * n * max|x| < 2^31.  The AVX2 path
+ * calls it too: 16-byte loads, as wide as the stores that wrote x, forward
+ * from them where 32-byte ones measured slower.
+ */
+static inline KML_TARGET_SSE2 s64 kml_sum16_sse2(const s16 *x, unsigned int n)
+{
+	kml_s16x8 ones = { 1, 1, 1, 1, 1, 1, 1, 1 }, v;
+	kml_u32x4 acc = { 0 };
+	unsigned int k;
+	s64 c = 0;
+
+	for (k = 0; k + 8 <= n; k += 8) {
+		__builtin_memcpy(&v, x + k, sizeof(v));
+		acc += (kml_u32x4)__builtin_ia32_pmaddwd128(v, ones);
+	}
+	for (; k < n; k++)
+		c += x[k];
+	return c + kml_s32_of(acc[0] + acc[1] + acc[2] + acc[3]);
+}
+
 /* A tile's eight sums, as the signed int32 they are (exact: see above). */
 static inline KML_TARGET_SSE2 void kml_sums8_sse2(const kml_u32x4 *acc, s64 *a)
 {
@@ -196,6 +243,26 @@ static inline KML_TARGET_AVX2 void kml_dot8_s16_avx2(kml_u32x8 *acc, const s16 *
 
 	__builtin_memcpy(&v, w, sizeof(v));
 	*acc += (kml_u32x8)__builtin_ia32_pmaddwd256(v, (kml_s16x16)x);
+}
+
+/* 16 bytes w + 128 of an offset-pairs tile zero-extended to int16: one vpmovzxbw. */
+static inline KML_TARGET_AVX2 kml_s16x16 kml_widen16_u8_avx2(const u8 *w)
+{
+	kml_u8x16 v;
+
+	__builtin_memcpy(&v, w, sizeof(v));
+#ifdef __clang__
+	return __builtin_convertvector(v, kml_s16x16);
+#else
+	return (kml_s16x16)__builtin_ia32_pmovzxbw256((char __attribute__((vector_size(16))))v);
+#endif
+}
+
+static inline KML_TARGET_AVX2 void kml_tile8_u8_avx2(kml_u32x8 *acc, const u8 *w, u32 xx)
+{
+	kml_u32x8 x = { xx, xx, xx, xx, xx, xx, xx, xx };
+
+	*acc += (kml_u32x8)__builtin_ia32_pmaddwd256(kml_widen16_u8_avx2(w), (kml_s16x16)x);
 }
 
 static inline KML_TARGET_AVX2 void kml_tile8_s8_avx2(kml_u32x8 *acc, const s8 *w, u32 xx)

@@ -59,6 +59,7 @@ struct kml_dense_desc {
 	u32 n, k;		/* outputs, inputs */
 	u32 count, width;	/* full tiles of width outputs; the rest are the tail */
 	u8 wbytes;		/* 1: int8 weights, 2: int16 */
+	u8 woff;		/* 0, or 128: full tiles stored as u8 w + 128 (offset pairs) */
 	u8 in_pairs;		/* weights stored in input pairs */
 	u8 acc_bits;		/* 32 or 64: the accumulator the C uses */
 	u64 x_max;		/* max |x| the proven paths take */
@@ -133,9 +134,11 @@ static inline u64 kml_mag(s64 v)
 	return v < 0 ? (u64)-(v + 1) + 1 : (u64)v;
 }
 
-/* Element i of the weights at offset off: int8 or int16. */
-static inline s32 kml_set_w(const u8 *set, u32 off, unsigned long i, u8 wbytes)
+/* Element i of the weights at offset off: int8, int16, or u8 w + woff (woff > 0). */
+static inline s32 kml_set_w(const u8 *set, u32 off, unsigned long i, u8 wbytes, u8 woff)
 {
+	if (woff)
+		return (s32)set[off + i] - woff;
 	if (wbytes == 1)
 		return ((const s8 *)(set + off))[i];
 	return ((const s16 *)(set + off))[i];
@@ -153,11 +156,13 @@ static inline u64 kml_dense_wsum(const struct kml_dense_desc *L, const u8 *set, 
 	u32 rows = L->in_pairs ? L->k / 2 : L->k;
 	u32 per = L->in_pairs ? 2 : 1;
 	u32 off, last, stride, base, r, j;
+	u8 woff = 0;
 	u64 s = 0;
 	s32 v;
 
 	if (n < L->count * L->width) {
 		off = L->w;
+		woff = L->woff;
 		last = L->w_last;
 		stride = L->width;
 		base = (n / L->width) * rows * L->width + n % L->width;
@@ -171,12 +176,12 @@ static inline u64 kml_dense_wsum(const struct kml_dense_desc *L, const u8 *set, 
 	}
 	for (r = 0; r < rows * per; r++) {
 		v = kml_set_w(set, off, ((unsigned long)base + (r / per) * stride) * per + r % per,
-			      L->wbytes);
+			      L->wbytes, woff);
 		*bad |= v < -32767;
 		s += kml_mag(v);
 	}
 	if (L->in_pairs && L->k % 2) {
-		v = kml_set_w(set, last, j, L->wbytes);
+		v = kml_set_w(set, last, j, L->wbytes, 0);
 		*bad |= v < -32767;
 		s += kml_mag(v);
 	}

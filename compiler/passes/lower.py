@@ -25,7 +25,7 @@ from ..errors import KmlcError
 from ..ir import BOOL, DTYPES, F32, I8, I16, I32, I64, U8, U32, DType, Graph, Value, c_identifier, \
     fresh_namer
 from ..ops import ELEMENTWISE, MATH, MOVES
-from ..schedule import SIMD_ISAS, Buffer, Kernel, Port, Program
+from ..schedule import SIMD_ISAS, W8_OFFSET, W8_OVERREAD, Buffer, Kernel, Port, Program
 
 C_RESERVED = {
     # C keywords
@@ -423,12 +423,15 @@ class _Lowering:
                                     w.name, merge=not in_pairs, in_pairs=in_pairs)
         tiling["pairs"] = pairs
         # the scalar path's full tiles of int8 weights: offset pairs
-        # (kml_fixed.h, kml_w8_quad), where every lane's sum of x * (w + 128)
+        # (kml_fixed.h, kml_w8_lane), where every lane's sum of x * (w + 128)
         # is in int32 for any int8 weights, whatever the proof says of the
         # layer's own sums (the bias joins them in s64)
         tiling["offset"] = (w.type.dtype == I8 and in_pairs and tiling["count"] > 0
                             and tiling["width"] == PAIR_TILE
                             and 255 * 2 * (k // 2) * int(a["x_max"]) < 2**31)
+        if tiling["offset"]:    # stored as u8 w + 128, which every path reads
+            tw = wtiles["w"]
+            tw.dtype, tw.data = U8, (tw.data.astype(np.int16) + W8_OFFSET).astype(np.uint8)
         # the SIMD paths' share: full tiles, and outputs narrower than a tile
         # of a paired layer of int8 weights (int16 ones put the sums in
         # int64) over int16 activations, in whole steps of input pairs
@@ -644,8 +647,31 @@ class _Lowering:
             src = self.const(r, "x", dtype=self.io_out) if r.is_const else self.buf[r]
             self.kernels.append(Kernel("copy", self.cname(f"k{len(self.kernels)}_copy_{b.value}"),
                                        {"x": src, "y": b}, {"n": b.numel}, ("output copy",)))
-        return Program(g.name, self.numerics, inputs, outputs, self.kernels, in_dtype=self.io_in,
+        prog = Program(g.name, self.numerics, inputs, outputs, self.kernels, in_dtype=self.io_in,
                        out_dtype=self.io_out)
+        self.overread_pad(prog)
+        return prog
+
+    def overread_pad(self, prog: Program) -> None:
+        """Offset pairs' loads (kml_fixed.h, kml_w8_lane) read up to
+        W8_OVERREAD bytes past a tile array, which the mask then drops:
+        where fewer member bytes than that follow the last such array in
+        the weight set, a zero pad member closes the gap, so that every
+        load stays inside the set (the model's C asserts it at build
+        time).  The pad is pinned like every member no layer owns."""
+        arrays = [k for k in self.kernels if k.kind == "qdense" and k.params["tiles"].get("offset")]
+        if not arrays:
+            return
+        off, end = 0, {}
+        for b in prog.weight_set():
+            off += b.nbytes
+            end[b] = off
+        k = max(arrays, key=lambda k: end[k.operands["w"]])
+        short = W8_OVERREAD - (off - end[k.operands["w"]])
+        if short > 0:
+            k.operands["w_pad"] = Buffer(self.cname(f"{k.operands['w'].name}_pad"), U8, short,
+                                         "const", np.zeros(short, np.uint8),
+                                         value="bytes the offset pairs' loads may read")
 
 
 def lower(g: Graph, numerics: str = "float") -> Program:

@@ -94,7 +94,8 @@ def test_fixed_weights_are_stored_at_their_width(bits, tmp_path):
     dt = np.int8 if bits == "8" else np.int16
     w = [b for b in res.program.buffers("const") if b.name.endswith(WEIGHTS)]
     assert sum(b.data.size for b in w) == 11 * 128 + 128 * 16 + 16
-    assert all(b.data.dtype == dt for b in w)
+    # int8 full tiles of offset pairs are stored as u8 w + 128 (kml_fixed.h)
+    assert all(b.data.dtype in ((dt, np.uint8) if bits == "8" else (dt,)) for b in w)
     header = (tmp_path / "o" / "user" / "wd.h").read_text()
     declared = int(header.split("KML_WD_WEIGHT_BYTES ")[1].split()[0])
     obj = tmp_path / "o.o"
@@ -143,21 +144,14 @@ def test_fixed_point_memory_targets(tmp_path):
     assert size["fixed"] <= 0.55 * size["float"], size
 
 
-@pytest.mark.parametrize("k,offset", [(256, True), (258, False)])
-def test_offset_pairs_at_their_lane_bound(k, offset, tmp_path):
-    """Offset pairs (kml_fixed.h, kml_w8_quad) sum x * (w + 128) in 32-bit
-    lanes, which holds for any int8 weights only while 255 * K * max|x| <
-    2^31: with int16 inputs, K = 256 inputs at most.  A layer of K inputs
-    whose codes all reach -32768 (every ReLU before it off) or 32767 (all
-    on), with a channel of weights all 127 (w + 128 = 255: the lane's
-    extreme), one all -127 and mixed ones, against the integer evaluator;
-    K = 258 must take the other path, and still be right.  Every path of
-    the twin runs (the scalar one is where offset pairs are)."""
-    r = np.random.default_rng(k)
+def lane_bound_model(k, r):
+    """4 inputs -> K ReLU units, each the inputs' sum -> 8 outputs, whose
+    channels 0 and 1 are all int8 127 and all -127."""
+    from onnx import helper, numpy_helper
+
     w0 = np.ones((k, 4), np.float32)                     # every hidden unit: sum of x
     w1 = r.normal(size=(8, k)).astype(np.float32)
     w1[0], w1[1] = 1.0, -1.0                              # int8 codes all 127, all -127
-    from onnx import helper, numpy_helper
     g = helper.make_graph(
         [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], name="fc0", transB=1),
          helper.make_node("Relu", ["h"], ["a"], name="act0"),
@@ -168,12 +162,27 @@ def test_offset_pairs_at_their_lane_bound(k, offset, tmp_path):
          numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.zeros(8, np.float32), "b1")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("k,offset", [(256, True), (258, False)])
+def test_offset_pairs_at_their_lane_bound(k, offset, tmp_path):
+    """Offset pairs (kml_fixed.h, kml_w8_lane) sum x * (w + 128) in 32-bit
+    lanes, which holds for any int8 weights only while 255 * K * max|x| <
+    2^31: with int16 inputs, K = 256 inputs at most.  A layer of K inputs
+    whose codes all reach -32768 (every ReLU before it off) or 32767 (all
+    on), with a channel of weights all 127 (w + 128 = 255: the lane's
+    extreme), one all -127 and mixed ones, against the integer evaluator;
+    K = 258 must take the other path, and still be right.  Every path of
+    the twin runs (the scalar one is where offset pairs are)."""
+    r = np.random.default_rng(k)
+    m = lane_bound_model(k, r)
     cal = r.normal(size=(500, 4)).astype(np.float32)
     res = kcompile(m, tmp_path / "o", targets="user", numerics="fixed", calibration=cal,
                    name="off", weight_bits="8")
     (k2,) = [q for q in res.program.kernels if q.kind == "qdense" and q.params["k"] == k]
     assert k2.params["tiles"]["offset"] is offset and k2.params["x_max"] == 32768
-    assert "kml_w8_quad" in (tmp_path / "o" / "user" / "off_fx.c").read_text()  # layer 1's tiles
+    assert "kml_w8_lane" in (tmp_path / "o" / "user" / "off_fx.c").read_text()  # layer 1's tiles
     twin = load(tmp_path / "o")
     x = np.concatenate([np.full((1, 4), -1e4), np.full((1, 4), 1e4), cal[:50] * 100, cal[:50]])
     raw = twin.encode(x.astype(np.float32))
@@ -184,3 +193,84 @@ def test_offset_pairs_at_their_lane_bound(k, offset, tmp_path):
         got = twin.run_raw(raw)
         assert np.array_equal(got, ref.astype(got.dtype)), path
     assert twin.paths[0] == "scalar"
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_offset_pairs_loads_stay_inside_the_weight_set(cc, tmp_path, monkeypatch):
+    """kml_w8_lane's 8-byte loads run up to 3 bytes past an offset-pairs
+    tile array (bytes the mask drops).  Here the last layer's tiles end
+    the weight set, so a 3-byte pad must follow them: ASan, whose redzone
+    starts right after the compiled set (a global), watches every load on
+    every path.  Without the pad the model must not build: its
+    static_assert holds every such array 3 bytes inside sizeof the set,
+    which is what the module allocates for a hot-swapped set."""
+    import subprocess
+
+    import kernel_c
+    from kmlc.errors import KmlcError
+
+    r = np.random.default_rng(3)
+    m = lane_bound_model(256, r)
+    cal = r.normal(size=(500, 4)).astype(np.float32)
+    args = dict(targets="user", numerics="fixed", calibration=cal, name="ovr", weight_bits="8")
+    res = kcompile(m, tmp_path / "o", **args)
+    ws = res.program.weight_set()
+    (k2,) = [q for q in res.program.kernels if q.kind == "qdense" and q.params["k"] == 256]
+    assert k2.params["tiles"]["offset"] and ws[-2] is k2.operands["w"]
+    assert ws[-1] is k2.operands["w_pad"] and ws[-1].numel == 3
+    d, twin = tmp_path / "o", load(tmp_path / "o")
+    (tmp_path / "drv.c").write_text(kernel_c.infer_driver("ovr", path_arg=True))
+    exe = tmp_path / "drv"
+    subprocess.run([cc, "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                    "-fno-omit-frame-pointer", f"-I{d / 'user'}", "-o", exe, tmp_path / "drv.c",
+                    d / "user" / "ovr.c", d / "user" / "ovr_fx.c"], check=True)
+    x = twin.encode(np.concatenate([r.normal(size=(200, 4)) * s for s in (1, 100, 1e5)])
+                    .astype(np.float32))
+    x.tofile(tmp_path / "in.bin")
+    base = twin.run_raw(x)
+    for i, p in enumerate(twin.paths):
+        run = subprocess.run([exe, tmp_path / "in.bin", tmp_path / "out.bin", str(i)],
+                             capture_output=True, text=True)
+        assert run.returncode == 0 and "ERROR" not in run.stderr, run.stderr[-2000:]
+        assert np.array_equal(np.fromfile(tmp_path / "out.bin", np.int32).reshape(base.shape),
+                              base), p
+    monkeypatch.setattr(lowering._Lowering, "overread_pad", lambda self, prog: None)
+    with pytest.raises(KmlcError, match="kml_w8_lane loads stay inside the set"):
+        kcompile(m, tmp_path / "nopad", **args)
+
+
+def test_offset_pairs_with_int64_sums_on_every_path(tmp_path):
+    """An int8 layer whose bias puts its sums in int64 (a bias of 10^4
+    against weights of 0.01) while 255 * K * max|x| < 2^31 still holds:
+    offset pairs, with the SIMD paths' sums starting at -128 * sum(x) in
+    64-bit lanes.  Every path against the integer evaluator."""
+    from onnx import helper, numpy_helper
+
+    r = np.random.default_rng(0)
+    arrays = {"w0": r.normal(size=(16, 4)), "b0": np.zeros(16),
+              "w1": r.normal(size=(16, 16)) * 0.01, "b1": r.normal(size=16) * 1e4}
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], name="fc0", transB=1),
+         helper.make_node("Relu", ["h"], ["a"], name="act0"),
+         helper.make_node("Gemm", ["a", "w1", "b1"], ["y"], name="fc1", transB=1),
+         helper.make_node("Relu", ["y"], ["z"], name="act1")], "wo",
+        [helper.make_tensor_value_info("x", 1, ["N", 4])],
+        [helper.make_tensor_value_info("z", 1, ["N", 16])],
+        [numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    cal = r.normal(size=(500, 4)).astype(np.float32)
+    res = kcompile(m, tmp_path, targets="user", numerics="fixed", calibration=cal, name="wo",
+                   weight_bits="8")
+    (k2,) = [k for k in res.program.kernels if k.fn.startswith("k2_")]
+    assert k2.params["acc"] == "i64" and k2.params["tiles"]["offset"] and k2.params["tiles"]["simd"]
+    twin = load(tmp_path)
+    x = twin.encode(np.concatenate([cal, cal * 100]).astype(np.float32))
+    ref = np.stack([np.concatenate([np.asarray(o).reshape(-1) for o in
+                                    interpret(res.program.quant.int_graph, row[None])])
+                    for row in x])
+    assert len(twin.paths) > 1
+    for path in twin.paths:
+        twin.set_path(path)
+        got = twin.run_raw(x)
+        assert np.array_equal(got, ref.astype(got.dtype)), path

@@ -232,3 +232,41 @@ def test_kunit_forgery_table_is_refused_by_the_twin(tmp_path, kind):
     for what, offset, data, why in cases:
         with pytest.raises(KmlcError, match=why):
             twin.check_set(reseal(blob, offset, data))
+
+
+def test_offset_tiles_are_reproven_as_the_weights_they_hold(tmp_path):
+    """Full tiles of offset pairs hold the byte w + 128 (kml_fixed.h,
+    kml_w8_lane): the C that re-proves a new set must read them as w.  A
+    set whose tile bytes are all 0 holds w = -128 everywhere in the tiles:
+    its record must state the bound those weights give (sum |w| * max|x|
+    + |b|, computed here from the layer's arrays, the tail's as they are),
+    and one that states the bound of the bytes read as they are (0) or as
+    int8 (also 0) is refused."""
+    d, prog = build(tmp_path, "fixed", sizes=(6, 20, 20, 3))
+    layers = ws.dense_layers(prog)
+    j, L = next((j, L) for j, L in enumerate(layers) if L["woff"])
+    assert L["woff"] == 128 and L["k"] % 2 == 0
+    k = prog.kernels[L["kernel"]].operands
+    assert k["w"].dtype.name == "u8"
+    # the compiled tile bytes are the layer's int8 weights plus 128
+    assert k["w"].data.min() >= 0 and k["w"].data.max() <= 255
+
+    def bound(tile_wsum):
+        tail = np.abs(k["w_tail"].data.astype(np.int64)).sum(axis=(0, 2)) if "w_tail" in k \
+            else np.zeros(0, np.int64)
+        wsum = np.concatenate([np.full(L["count"] * L["width"], tile_wsum, np.int64), tail])
+        return int((wsum * L["x_max"] + np.abs(k["b"].data.astype(np.int64))).max())
+
+    blob = ws.pack(prog, 3)
+    img = ws.HEADER.size + ws.RECORD.size * len(layers)
+    at = img + ws.member_offsets(prog)[k["w"].name]
+    zeros = reseal(blob, at, bytes(k["w"].nbytes))
+    rec = ws.HEADER.size + ws.RECORD.size * j + 8
+    right = bound(128 * L["k"])
+    assert right < 2**31 - 1 and right != L["bound"]
+    twin = load(d)
+    buf, version = twin.check_set(reseal(zeros, rec, right.to_bytes(8, "little")))
+    assert version == 3
+    for wrong in (bound(0), L["bound"]):
+        with pytest.raises(KmlcError, match="record's bound"):
+            twin.check_set(reseal(zeros, rec, wrong.to_bytes(8, "little")))
