@@ -434,9 +434,12 @@ class _Lowering:
             tw.dtype, tw.data = U8, (tw.data.astype(np.int16) + W8_OFFSET).astype(np.uint8)
         # the SIMD paths' share: full tiles, and outputs narrower than a tile
         # of a paired layer of int8 weights (int16 ones put the sums in
-        # int64) over int16 activations, in whole steps of input pairs
+        # int64) over int16 activations, in whole steps of input pairs; the
+        # activations as the C holds them: one that is also a graph output
+        # lives in out[], as s32 (carrier)
         tiling["narrow"] = (narrow_plan(tiling["tail"], k) if pairs and tiling["tail"]
-                            and w.type.dtype == I8 and x.type.dtype == I16 else {})
+                            and w.type.dtype == I8 and self.operand(x, "x").dtype == I16
+                            else {})
         tiling["simd"] = in_pairs and (tiling["count"] > 0 or bool(tiling["narrow"]))
         # ... which requantize in vectors too, on the paths listed, for a
         # plain clamp into int16: int32 sums on both (kml_requant8_avx2),

@@ -274,3 +274,41 @@ def test_offset_pairs_with_int64_sums_on_every_path(tmp_path):
         twin.set_path(path)
         got = twin.run_raw(x)
         assert np.array_equal(got, ref.astype(got.dtype)), path
+
+
+def test_narrow_layer_over_an_activation_that_is_also_an_output(tmp_path):
+    """A hidden ReLU's int16 codes that are also a graph output live in
+    out[] as s32 (lower.carrier); a layer narrower than a tile that reads
+    them must not take the SIMD paths' int16 pair loads (kml_xpairs*,
+    which read s16): the fuzzer's seed 20261208, cases 105 and 111, built
+    such a model and its twin warned of an incompatible pointer.  It
+    compiles without a warning and every path is the integer evaluator."""
+    from onnx import helper, numpy_helper
+
+    r = np.random.default_rng(7)
+    arrays = {"w0": r.normal(size=(16, 6)), "b0": r.normal(size=16) * 0.1,
+              "w1": r.normal(size=(3, 16)), "b1": r.normal(size=3) * 0.1}
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], name="fc0", transB=1),
+         helper.make_node("Relu", ["h"], ["a"], name="act0"),
+         helper.make_node("Gemm", ["a", "w1", "b1"], ["y"], name="fc1", transB=1)], "nar",
+        [helper.make_tensor_value_info("x", 1, ["N", 6])],
+        [helper.make_tensor_value_info("a", 1, ["N", 16]),
+         helper.make_tensor_value_info("y", 1, ["N", 3])],
+        [numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    cal = r.normal(size=(500, 6)).astype(np.float32)
+    res = kcompile(m, tmp_path, targets="user", numerics="fixed", calibration=cal, name="nar",
+                   weight_bits="8")
+    (k2,) = [k for k in res.program.kernels if k.fn.startswith("k2_")]
+    assert k2.operands["x"].dtype.name == "i32" and not k2.params["tiles"]["narrow"]
+    twin = load(tmp_path)
+    x = twin.encode(np.concatenate([cal, cal * 50]).astype(np.float32))
+    ref = np.stack([np.concatenate([np.asarray(o).reshape(-1) for o in
+                                    interpret(res.program.quant.int_graph, row[None])])
+                    for row in x])
+    for path in twin.paths:
+        twin.set_path(path)
+        got = twin.run_raw(x)
+        assert np.array_equal(got, ref.astype(got.dtype)), path
