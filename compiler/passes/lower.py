@@ -26,6 +26,7 @@ from ..ir import BOOL, DTYPES, F32, I8, I16, I32, I64, U8, U32, DType, Graph, Va
     fresh_namer
 from ..ops import ELEMENTWISE, MATH, MOVES
 from ..schedule import SIMD_ISAS, W8_OFFSET, W8_OVERREAD, Buffer, Kernel, Port, Program
+from ..weightset import member_offsets, members_end
 
 C_RESERVED = {
     # C keywords
@@ -665,14 +666,12 @@ class _Lowering:
         arrays = [k for k in self.kernels if k.kind == "qdense" and k.params["tiles"].get("offset")]
         if not arrays:
             return
-        off, end = 0, {}
-        for b in prog.weight_set():
-            off += b.nbytes
-            end[b] = off
-        k = max(arrays, key=lambda k: end[k.operands["w"]])
-        short = W8_OVERREAD - (off - end[k.operands["w"]])
+        off = member_offsets(prog)
+        k = max(arrays, key=lambda k: off[k.operands["w"].name])
+        w = k.operands["w"]
+        short = W8_OVERREAD - (members_end(prog) - off[w.name] - w.nbytes)
         if short > 0:
-            k.operands["w_pad"] = Buffer(self.cname(f"{k.operands['w'].name}_pad"), U8, short,
+            k.operands["w_pad"] = Buffer(self.cname(f"{w.name}_pad"), U8, short,
                                          "const", np.zeros(short, np.uint8),
                                          value="bytes the offset pairs' loads may read")
 

@@ -7,8 +7,9 @@ import importlib
 
 import numpy as np
 import pytest
+from onnx import helper
 
-from conftest import mlp_model
+from conftest import make_model, mlp_model
 from kmlc.api import compile as kcompile, load, lower_model
 from kmlc.frontends.onnx import load as load_graph
 from kmlc.ops import interpret
@@ -144,25 +145,37 @@ def test_fixed_point_memory_targets(tmp_path):
     assert size["fixed"] <= 0.55 * size["float"], size
 
 
+def two_layers(name, arrays, n_in, outputs, act1=False):
+    """x -> Gemm fc0 -> Relu (a) -> Gemm fc1 (y) [-> Relu (z)], weights and
+    biases w0, b0, w1, b1 from ``arrays``; ``outputs``: (name, width)."""
+    nodes = [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], name="fc0", transB=1),
+             helper.make_node("Relu", ["h"], ["a"], name="act0"),
+             helper.make_node("Gemm", ["a", "w1", "b1"], ["y"], name="fc1", transB=1)]
+    if act1:
+        nodes.append(helper.make_node("Relu", ["y"], ["z"], name="act1"))
+    return make_model(nodes, [("x", ["N", n_in])], [(o, ["N", w]) for o, w in outputs],
+                      {k: np.asarray(v, np.float32) for k, v in arrays.items()}, name=name)
+
+
+def every_path_is_the_integer_evaluator(twin, program, raw):
+    """Each of the twin's paths on encoded rows ``raw`` gives the integer
+    evaluator's outputs (all of them, in order)."""
+    ref = np.stack([np.concatenate([np.asarray(o).reshape(-1) for o in
+                                    interpret(program.quant.int_graph, row[None])])
+                    for row in raw])
+    for path in twin.paths:
+        twin.set_path(path)
+        got = twin.run_raw(raw)
+        assert np.array_equal(got, ref.astype(got.dtype)), path
+
+
 def lane_bound_model(k, r):
     """4 inputs -> K ReLU units, each the inputs' sum -> 8 outputs, whose
     channels 0 and 1 are all int8 127 and all -127."""
-    from onnx import helper, numpy_helper
-
-    w0 = np.ones((k, 4), np.float32)                     # every hidden unit: sum of x
-    w1 = r.normal(size=(8, k)).astype(np.float32)
+    w1 = r.normal(size=(8, k))
     w1[0], w1[1] = 1.0, -1.0                              # int8 codes all 127, all -127
-    g = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], name="fc0", transB=1),
-         helper.make_node("Relu", ["h"], ["a"], name="act0"),
-         helper.make_node("Gemm", ["a", "w1", "b1"], ["y"], name="fc1", transB=1)], "off",
-        [helper.make_tensor_value_info("x", 1, ["N", 4])],
-        [helper.make_tensor_value_info("y", 1, ["N", 8])],
-        [numpy_helper.from_array(w0, "w0"), numpy_helper.from_array(np.zeros(k, np.float32), "b0"),
-         numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.zeros(8, np.float32), "b1")])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
+    return two_layers("off", {"w0": np.ones((k, 4)),       # every hidden unit: sum of x
+                              "b0": np.zeros(k), "w1": w1, "b1": np.zeros(8)}, 4, [("y", 8)])
 
 
 @pytest.mark.parametrize("k,offset", [(256, True), (258, False)])
@@ -185,13 +198,8 @@ def test_offset_pairs_at_their_lane_bound(k, offset, tmp_path):
     assert "kml_w8_lane" in (tmp_path / "o" / "user" / "off_fx.c").read_text()  # layer 1's tiles
     twin = load(tmp_path / "o")
     x = np.concatenate([np.full((1, 4), -1e4), np.full((1, 4), 1e4), cal[:50] * 100, cal[:50]])
-    raw = twin.encode(x.astype(np.float32))
-    ig = res.program.quant.int_graph
-    ref = np.stack([interpret(ig, row[None])[0].reshape(-1) for row in raw])
-    for path in twin.paths:                   # the scalar path is the one under test
-        twin.set_path(path)
-        got = twin.run_raw(raw)
-        assert np.array_equal(got, ref.astype(got.dtype)), path
+    # every path; the scalar one is the one under test
+    every_path_is_the_integer_evaluator(twin, res.program, twin.encode(x.astype(np.float32)))
     assert twin.paths[0] == "scalar"
 
 
@@ -244,36 +252,19 @@ def test_offset_pairs_with_int64_sums_on_every_path(tmp_path):
     against weights of 0.01) while 255 * K * max|x| < 2^31 still holds:
     offset pairs, with the SIMD paths' sums starting at -128 * sum(x) in
     64-bit lanes.  Every path against the integer evaluator."""
-    from onnx import helper, numpy_helper
-
     r = np.random.default_rng(0)
-    arrays = {"w0": r.normal(size=(16, 4)), "b0": np.zeros(16),
-              "w1": r.normal(size=(16, 16)) * 0.01, "b1": r.normal(size=16) * 1e4}
-    g = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], name="fc0", transB=1),
-         helper.make_node("Relu", ["h"], ["a"], name="act0"),
-         helper.make_node("Gemm", ["a", "w1", "b1"], ["y"], name="fc1", transB=1),
-         helper.make_node("Relu", ["y"], ["z"], name="act1")], "wo",
-        [helper.make_tensor_value_info("x", 1, ["N", 4])],
-        [helper.make_tensor_value_info("z", 1, ["N", 16])],
-        [numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
+    m = two_layers("wo", {"w0": r.normal(size=(16, 4)), "b0": np.zeros(16),
+                          "w1": r.normal(size=(16, 16)) * 0.01, "b1": r.normal(size=16) * 1e4},
+                   4, [("z", 16)], act1=True)
     cal = r.normal(size=(500, 4)).astype(np.float32)
     res = kcompile(m, tmp_path, targets="user", numerics="fixed", calibration=cal, name="wo",
                    weight_bits="8")
     (k2,) = [k for k in res.program.kernels if k.fn.startswith("k2_")]
     assert k2.params["acc"] == "i64" and k2.params["tiles"]["offset"] and k2.params["tiles"]["simd"]
     twin = load(tmp_path)
-    x = twin.encode(np.concatenate([cal, cal * 100]).astype(np.float32))
-    ref = np.stack([np.concatenate([np.asarray(o).reshape(-1) for o in
-                                    interpret(res.program.quant.int_graph, row[None])])
-                    for row in x])
     assert len(twin.paths) > 1
-    for path in twin.paths:
-        twin.set_path(path)
-        got = twin.run_raw(x)
-        assert np.array_equal(got, ref.astype(got.dtype)), path
+    every_path_is_the_integer_evaluator(
+        twin, res.program, twin.encode(np.concatenate([cal, cal * 100]).astype(np.float32)))
 
 
 def test_narrow_layer_over_an_activation_that_is_also_an_output(tmp_path):
@@ -283,32 +274,15 @@ def test_narrow_layer_over_an_activation_that_is_also_an_output(tmp_path):
     which read s16): the fuzzer's seed 20261208, cases 105 and 111, built
     such a model and its twin warned of an incompatible pointer.  It
     compiles without a warning and every path is the integer evaluator."""
-    from onnx import helper, numpy_helper
-
     r = np.random.default_rng(7)
-    arrays = {"w0": r.normal(size=(16, 6)), "b0": r.normal(size=16) * 0.1,
-              "w1": r.normal(size=(3, 16)), "b1": r.normal(size=3) * 0.1}
-    g = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], name="fc0", transB=1),
-         helper.make_node("Relu", ["h"], ["a"], name="act0"),
-         helper.make_node("Gemm", ["a", "w1", "b1"], ["y"], name="fc1", transB=1)], "nar",
-        [helper.make_tensor_value_info("x", 1, ["N", 6])],
-        [helper.make_tensor_value_info("a", 1, ["N", 16]),
-         helper.make_tensor_value_info("y", 1, ["N", 3])],
-        [numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
+    m = two_layers("nar", {"w0": r.normal(size=(16, 6)), "b0": r.normal(size=16) * 0.1,
+                           "w1": r.normal(size=(3, 16)), "b1": r.normal(size=3) * 0.1},
+                   6, [("a", 16), ("y", 3)])
     cal = r.normal(size=(500, 6)).astype(np.float32)
     res = kcompile(m, tmp_path, targets="user", numerics="fixed", calibration=cal, name="nar",
                    weight_bits="8")
     (k2,) = [k for k in res.program.kernels if k.fn.startswith("k2_")]
     assert k2.operands["x"].dtype.name == "i32" and not k2.params["tiles"]["narrow"]
     twin = load(tmp_path)
-    x = twin.encode(np.concatenate([cal, cal * 50]).astype(np.float32))
-    ref = np.stack([np.concatenate([np.asarray(o).reshape(-1) for o in
-                                    interpret(res.program.quant.int_graph, row[None])])
-                    for row in x])
-    for path in twin.paths:
-        twin.set_path(path)
-        got = twin.run_raw(x)
-        assert np.array_equal(got, ref.astype(got.dtype)), path
+    every_path_is_the_integer_evaluator(
+        twin, res.program, twin.encode(np.concatenate([cal, cal * 50]).astype(np.float32)))
